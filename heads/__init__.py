@@ -1,0 +1,1 @@
+"""The multi-head model: checkpoint format, tokenizers, backbones and the local engine."""

@@ -1,0 +1,137 @@
+"""Attention metadata and paged-KV attention in plain torch.
+
+The KV cache is one pair of tensors per layer, `k_cache/v_cache: [num_blocks, block_size, n_kv,
+Dh]`. A token's slot is `block * block_size + offset`; new K/V go in through `slot_mapping`.
+
+- Prefill: each sequence's new tokens attend causally to each other. The engine never keeps a
+  prefix across a preemption (recompute) and has no prefix cache, so a prefill always starts at
+  position 0 and needs nothing from the cache.
+- Decode: one query per sequence attends to its gathered blocks, padded to the longest context
+  of the batch and masked, in a single batched SDPA call.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (k_cache, v_cache)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionMetadata:
+    is_prefill: bool
+    slot_mapping: torch.Tensor  # [T] int64: cache slot each new token's K/V is written to
+    seq_lens: tuple[int, ...] = ()  # prefill: new tokens per sequence, sums to T
+    block_tables: torch.Tensor | None = None  # decode: [B, max_blocks] int64, padded with 0
+    context_lens: torch.Tensor | None = None  # decode: [B] int64, tokens in cache incl. the new
+
+    def __post_init__(self) -> None:
+        if self.is_prefill:
+            if sum(self.seq_lens) != self.slot_mapping.shape[0]:
+                raise ValueError("prefill seq_lens must sum to the number of tokens")
+        elif self.block_tables is None or self.context_lens is None:
+            raise ValueError("decode metadata needs block_tables and context_lens")
+
+    @staticmethod
+    def prefill(seq_lens: list[int], slot_mapping: torch.Tensor) -> AttentionMetadata:
+        return AttentionMetadata(True, slot_mapping, seq_lens=tuple(seq_lens))
+
+    @staticmethod
+    def decode(
+        slot_mapping: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor
+    ) -> AttentionMetadata:
+        return AttentionMetadata(
+            False, slot_mapping, block_tables=block_tables, context_lens=context_lens
+        )
+
+
+def allocate_kv_cache(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> KVCache:
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    return [
+        (torch.zeros(shape, dtype=dtype, device=device),
+         torch.zeros(shape, dtype=dtype, device=device))
+        for _ in range(num_layers)
+    ]
+
+
+def slots_for(block_table: list[int], start: int, end: int, block_size: int) -> list[int]:
+    """Cache slots of positions [start, end) of a sequence owning `block_table`."""
+    return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    # k, v: [T, n_kv, Dh]; the caches viewed flat are [num_blocks * block_size, n_kv, Dh]
+    n_kv, dh = k.shape[1], k.shape[2]
+    k_cache.view(-1, n_kv, dh).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, n_kv, dh).index_copy_(0, slot_mapping, v)
+
+
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: tuple[int, ...], scale: float
+) -> torch.Tensor:
+    # q: [T, H, Dh]; k, v: [T, n_kv, Dh] -> [T, H, Dh]
+    # A per-sequence loop instead of padding to the longest prompt: on CPU (2 cores, Dh=16) it
+    # took 2.3 ms vs 24 ms for 8 mixed prompts of 7..200 tokens, 10 vs 13 ms for 8 x 256;
+    # padding only won for many tiny equal prompts (8 x 5: 0.25 vs 1.7 ms).
+    if len(seq_lens) == 1:
+        return _causal(q, k, v, scale)
+    out = torch.empty_like(q)
+    start = 0
+    for n in seq_lens:
+        end = start + n
+        out[start:end] = _causal(q[start:end], k[start:end], v[start:end], scale)
+        start = end
+    return out
+
+
+def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    # [n, H, Dh] -> SDPA wants [H, n, Dh]
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return o.transpose(0, 1)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    # q: [B, H, Dh]; caches: [N, bs, n_kv, Dh]; block_tables: [B, nb] -> [B, H, Dh]
+    b, nb = block_tables.shape
+    bs, n_kv, dh = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    # Gather the blocks, then trim to the longest live context so pad blocks cost nothing.
+    lmax = int(context_lens.max())
+    k = k_cache[block_tables].view(b, nb * bs, n_kv, dh)[:, :lmax]  # [B, Lmax, n_kv, Dh]
+    v = v_cache[block_tables].view(b, nb * bs, n_kv, dh)[:, :lmax]
+    mask = torch.arange(lmax, device=q.device)[None, :] < context_lens[:, None]  # [B, Lmax]
+    o = F.scaled_dot_product_attention(
+        q.unsqueeze(2),  # [B, H, 1, Dh]
+        k.transpose(1, 2),  # [B, n_kv, Lmax, Dh]
+        v.transpose(1, 2),
+        attn_mask=mask[:, None, None, :],  # [B, 1, 1, Lmax]
+        scale=scale,
+        enable_gqa=q.shape[1] != n_kv,
+    )
+    return o.squeeze(2)

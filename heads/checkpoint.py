@@ -1,0 +1,152 @@
+"""Read, write and check polyhead checkpoint directories.
+
+Layout:
+    manifest.json            format version, backbone config, dtype, heads
+    model.safetensors        backbone.* tensors and the shared head matrices
+    tokenizers/<head>.json   one HF tokenizers file per head
+
+Writes go to a temporary sibling directory that is renamed into place, so a crash or a full
+disk never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from heads.errors import CheckpointError, TokenizerError
+from heads.manifest import Manifest
+from heads.model import MultiHeadModel
+from heads.tokenizer import HeadTokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    directory: Path
+    manifest: Manifest
+    model: MultiHeadModel
+    tokenizers: dict[str, HeadTokenizer]
+
+
+def _tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    if not path.is_file():
+        raise CheckpointError(f"weights: {path} is missing")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"weights: {path} is not a readable safetensors file ({e})") from e
+
+
+def _load_tokenizers(directory: Path, manifest: Manifest) -> dict[str, HeadTokenizer]:
+    out = {}
+    for i, h in enumerate(manifest.heads):
+        path = directory / h.tokenizer
+        if not path.is_file():
+            raise CheckpointError(f"heads[{i}].tokenizer: {path} is missing")
+        try:
+            out[h.name] = HeadTokenizer.from_file(path, h.vocab_size)
+        except TokenizerError as e:
+            raise CheckpointError(f"heads[{i}].tokenizer: {e}") from e
+    return out
+
+
+def validate_checkpoint(directory: Path) -> Manifest:
+    """Check a checkpoint without loading its weights: manifest, tensor names/shapes, tokenizers."""
+    manifest = Manifest.load(directory)
+    shapes = _tensor_shapes(directory / manifest.weights)
+    d = manifest.backbone.hidden_size
+    for i, h in enumerate(manifest.heads):
+        for role in ("embedding", "unembedding"):
+            name = getattr(h, role)
+            shape = shapes.get(name)
+            if shape is None:
+                raise CheckpointError(f"heads[{i}].{role}: tensor {name!r} not in the weights")
+            if len(shape) != 2 or shape[1] != d or shape[0] < h.vocab_size:
+                raise CheckpointError(
+                    f"heads[{i}].{role}: tensor {name!r} has shape {shape}, "
+                    f"need [>= {h.vocab_size}, {d}]"
+                )
+    _load_tokenizers(directory, manifest)
+    return manifest
+
+
+def load_checkpoint(directory: Path, device: str = "cpu") -> Checkpoint:
+    manifest = validate_checkpoint(directory)
+    tensors: dict[str, torch.Tensor] = {}
+    with safe_open(str(directory / manifest.weights), framework="pt", device=device) as f:
+        for k in f.keys():  # noqa: SIM118
+            tensors[k] = f.get_tensor(k)
+    model = MultiHeadModel(manifest, tensors)
+    return Checkpoint(directory, manifest, model, _load_tokenizers(directory, manifest))
+
+
+def save_checkpoint(
+    directory: Path,
+    manifest: Manifest,
+    tensors: dict[str, torch.Tensor],
+    tokenizer_json: dict[str, str],
+) -> None:
+    """Write atomically. `tokenizer_json` maps each head's `tokenizer` path to its JSON text."""
+    manifest.validate()
+    missing = [h.tokenizer for h in manifest.heads if h.tokenizer not in tokenizer_json]
+    if missing:
+        raise CheckpointError(f"tokenizer file {missing[0]!r} named by a head was not given")
+    directory = directory.resolve()
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        manifest.save(tmp)
+        # safetensors refuses shared storage; tied matrices are stored once by name already.
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / manifest.weights))
+        for rel, text in tokenizer_json.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text, encoding="utf-8")
+        validate_checkpoint(tmp)
+        if directory.exists():
+            old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+            directory.rename(old)
+            tmp.rename(directory)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("wrote checkpoint %s", directory)
+
+
+def describe_checkpoint(directory: Path) -> str:
+    """A human-readable summary for `polyhead heads inspect`."""
+    m = validate_checkpoint(directory)
+    b = m.backbone
+    shapes = _tensor_shapes(directory / m.weights)
+    total = sum(int(torch.Size(s).numel()) for s in shapes.values())
+    lines = [
+        f"model       {m.model_name}  (format v{m.format_version}, {m.dtype})",
+        f"backbone    {b.architecture}: d={b.hidden_size} layers={b.num_layers} "
+        f"heads={b.num_heads}/{b.num_kv_heads} head_dim={b.head_dim} ffn={b.intermediate_size}",
+        f"parameters  {total:,} stored ({b.num_parameters():,} in the backbone)",
+        f"chat        {'model template' if m.chat_template else 'plain fallback template'}",
+        "",
+        f"{'head':<8}{'V':>9}  {'matrix (rows)':<28}{'bytes/tok':>10}{'BPB':>8}{'train bytes':>14}",
+    ]
+    for h in m.heads:
+        tied = h.embedding == h.unembedding
+        matrix = f"{h.unembedding}{'' if tied else ' (untied)'} [:{h.vocab_size}]"
+        bpt = "-" if h.bytes_per_token is None else f"{h.bytes_per_token:.3f}"
+        bpb = "-" if h.bpb is None else f"{h.bpb:.3f}"
+        lines.append(
+            f"{h.name:<8}{h.vocab_size:>9}  {matrix:<28}{bpt:>10}{bpb:>8}{h.training_bytes:>14,}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""Local engine settings and the KV-cache sizing derived from them."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from heads.manifest import BackboneConfig
+
+log = logging.getLogger(__name__)
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    block_size: int = 16  # tokens per KV block
+    num_kv_blocks: int | None = None  # wins over kv_cache_bytes when set
+    kv_cache_bytes: int = 256 << 20  # K and V over all layers
+    max_num_seqs: int = 32  # running sequences per step
+    max_num_batched_tokens: int = 1024  # tokens per prefill step; a prompt is never chunked
+    max_model_len: int | None = None  # prompt + output tokens; None: the backbone's limit
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"EngineConfig.{name} must be > 0")
+        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
+            raise ValueError("EngineConfig.num_kv_blocks must be > 0")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("EngineConfig.max_model_len must be >= 2")
+
+    def model_len(self, backbone: BackboneConfig) -> int:
+        """Longest sequence (prompt + output): RoPE has no table past the backbone's limit."""
+        limit = backbone.max_position_embeddings
+        if self.max_model_len is None:
+            return limit
+        if self.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the backbone's "
+                f"max_position_embeddings {limit}"
+            )
+        return self.max_model_len
+
+    def kv_block_bytes(self, backbone: BackboneConfig, dtype: str) -> int:
+        return self.block_size * backbone.kv_bytes_per_token_per_elem * _DTYPE_BYTES[dtype]
+
+    def num_blocks(self, backbone: BackboneConfig, dtype: str) -> int:
+        if self.num_kv_blocks is not None:
+            return self.num_kv_blocks
+        n = self.kv_cache_bytes // self.kv_block_bytes(backbone, dtype)
+        if n <= 0:
+            raise ValueError(f"kv_cache_bytes {self.kv_cache_bytes} holds no KV block")
+        return n

@@ -1,0 +1,222 @@
+"""LocalEngine: the asyncio face of the engine; one background thread runs the step loop.
+
+Threading: the asyncio side only touches `_inbox`, `_aborts` and `_streams`, under `_cond`.
+The step thread owns the scheduler and takes `_cond` for bookkeeping only, never while the
+model runs (torch releases the GIL there, so the event loop keeps serving). Events reach each
+request's asyncio.Queue through `loop.call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from heads.engine.block_manager import BlockManager
+from heads.engine.config import EngineConfig
+from heads.engine.model_runner import ModelRunner
+from heads.engine.scheduler import Scheduler
+from heads.engine.sequence import Sequence
+from heads.errors import EngineError, EngineStopped
+from heads.model import MultiHeadModel
+from kernels.sampling_params import RowParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    request_id: str
+    head: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: RowParams
+    stop_token_ids: frozenset[int]
+    want_logprobs: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    token_id: int
+    logprob: float | None
+    finish_reason: str | None  # "stop" | "length" | None
+
+
+@dataclass(frozen=True, slots=True)
+class HeadLoad:
+    running: int
+    waiting: int
+
+
+_Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[TokenEvent | EngineError]"]
+
+
+class LocalEngine:
+    def __init__(self, model: MultiHeadModel, config: EngineConfig) -> None:
+        self.model = model
+        self.config = config
+        backbone = model.manifest.backbone
+        self.max_model_len = config.model_len(backbone)
+        num_blocks = config.num_blocks(backbone, model.manifest.dtype)
+        self._blocks = BlockManager(num_blocks, config.block_size)
+        self._scheduler = Scheduler(
+            self._blocks, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
+        )
+        self._runner = ModelRunner(model, config, num_blocks)
+        self._cond = threading.Condition()
+        self._inbox: list[Sequence] = []  # added, not yet handed to the scheduler
+        self._aborts: list[Sequence] = []
+        self._streams: dict[int, _Stream] = {}  # seq_id -> its consumer
+        self._accepting = True
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        if not self._accepting:
+            raise EngineStopped("engine was shut down")
+        self._thread = threading.Thread(target=self._loop, name="polyhead-engine", daemon=True)
+        self._thread.start()
+        log.info("local engine started: %d KV blocks, max_model_len %d",
+                 self._blocks.num_blocks, self.max_model_len)
+
+    async def shutdown(self) -> None:
+        with self._cond:
+            self._accepting = False
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+        with self._cond:
+            self._apply_commands()
+            for seq in [*self._scheduler.running, *self._scheduler.waiting]:
+                self._scheduler.finish(seq, "abort")
+            for seq_id in list(self._streams):
+                self._send(seq_id, EngineStopped("engine shut down"))
+        log.info("local engine stopped")
+
+    def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Validate now (raising EngineError / EngineOverloaded / EngineStopped before any
+        streaming starts), then stream. The request is queued on the first iteration."""
+        if not self._accepting:
+            raise EngineStopped("engine is shutting down")
+        seq = self._make_sequence(req)
+        self._scheduler.check_fits(seq)
+        return self._stream(seq)
+
+    def head_load(self) -> dict[str, HeadLoad]:
+        with self._cond:
+            counts = self._scheduler.head_counts()
+            pending = [s.head for s in self._inbox]
+        return {
+            h: HeadLoad(counts.get(h, (0, 0))[0], counts.get(h, (0, 0))[1] + pending.count(h))
+            for h in self.model.heads
+        }
+
+    def free_blocks(self) -> int:
+        with self._cond:
+            return self._blocks.num_free
+
+    def total_blocks(self) -> int:
+        return self._blocks.num_blocks
+
+    def _make_sequence(self, req: GenerationRequest) -> Sequence:
+        head = self.model.heads.get(req.head)
+        if head is None:
+            raise EngineError(f"unknown head {req.head!r}; have {sorted(self.model.heads)}")
+        if not req.prompt_ids:
+            raise EngineError("prompt_ids must not be empty")
+        if not all(0 <= t < head.vocab_size for t in req.prompt_ids):
+            raise EngineError(f"prompt ids outside [0, {head.vocab_size}) for head {req.head!r}")
+        if req.max_tokens < 1:
+            raise EngineError("max_tokens must be >= 1")
+        return Sequence(
+            request_id=req.request_id, head=req.head, prompt_ids=list(req.prompt_ids),
+            params=req.sampling, max_tokens=req.max_tokens,
+            stop_token_ids=frozenset(req.stop_token_ids), want_logprobs=req.want_logprobs,
+        )
+
+    async def _stream(self, seq: Sequence) -> AsyncIterator[TokenEvent]:
+        queue: asyncio.Queue[TokenEvent | EngineError] = asyncio.Queue()
+        with self._cond:
+            if not self._accepting:
+                raise EngineStopped("engine is shutting down")
+            self._streams[seq.seq_id] = (asyncio.get_running_loop(), queue)
+            self._inbox.append(seq)
+            self._cond.notify()
+        done = False
+        try:
+            while not done:
+                item = await queue.get()
+                if isinstance(item, EngineError):
+                    done = True
+                    raise item
+                done = item.finish_reason is not None
+                yield item
+        finally:
+            # Reached on normal completion, on an error, and when the consumer stops early
+            # (aclose, cancellation, GeneratorExit): in the last case free the KV blocks.
+            with self._cond:
+                self._streams.pop(seq.seq_id, None)
+                if not done:
+                    self._aborts.append(seq)
+                    self._cond.notify()
+
+    # --- step thread -------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stopping or self._inbox or self._aborts
+                           or not self._scheduler.is_idle):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+            self._step()
+
+    def _step(self) -> None:
+        seqs: list[Sequence] = []
+        try:
+            with self._cond:
+                self._apply_commands()
+                seqs, is_prefill = self._scheduler.schedule()
+            if not seqs:
+                return
+            out = self._runner.run(seqs, is_prefill)
+            with self._cond:
+                reasons = self._scheduler.postprocess(seqs, out.token_ids)
+                for seq, tok, lp, reason in zip(seqs, out.token_ids, out.logprobs, reasons,
+                                                strict=True):
+                    self._send(seq.seq_id, TokenEvent(tok, lp, reason))
+        except Exception as e:
+            log.exception("engine step failed; failing its requests")
+            with self._cond:
+                # After a failure inside schedule() the bookkeeping is suspect: fail everyone.
+                victims = seqs or [*self._scheduler.running, *self._scheduler.waiting]
+                for seq in victims:
+                    self._scheduler.finish(seq, "abort")
+                    self._send(seq.seq_id, EngineError(f"engine step failed: {e!r}"))
+
+    def _apply_commands(self) -> None:
+        # Callers hold _cond. Adds first, so an abort that overtook its add still finds it.
+        for seq in self._inbox:
+            self._scheduler.add(seq)
+        self._inbox.clear()
+        for seq in self._aborts:
+            self._scheduler.finish(seq, "abort")
+        self._aborts.clear()
+
+    def _send(self, seq_id: int, item: TokenEvent | EngineError) -> None:
+        # Callers hold _cond. A consumer that has gone away has no stream any more.
+        stream = self._streams.get(seq_id)
+        if stream is None:
+            return
+        loop, queue = stream
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # its event loop is closed
+            self._streams.pop(seq_id, None)

@@ -1,0 +1,131 @@
+"""Runs one scheduled step: builds the tensors, runs the shared backbone once for the whole
+mixed-head batch, then unembeds and samples once per head group."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from heads.attention import AttentionMetadata, allocate_kv_cache, slots_for
+from heads.engine.config import EngineConfig
+from heads.engine.sequence import Sequence
+from heads.model import MultiHeadModel
+from kernels.reference import unembed_and_sample
+from kernels.sampling_params import SamplingBatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    token_ids: list[int]  # one per scheduled sequence, in schedule order
+    logprobs: list[float | None]  # None where the sequence did not ask for logprobs
+
+
+class ModelRunner:
+    def __init__(self, model: MultiHeadModel, config: EngineConfig, num_blocks: int) -> None:
+        self.model = model
+        self.block_size = config.block_size
+        self.device = torch.device(config.device)
+        model.to(self.device)
+        b = model.manifest.backbone
+        self.kv_cache = allocate_kv_cache(
+            b.num_layers, num_blocks, config.block_size, b.num_kv_heads, b.head_dim,
+            model.dtype, self.device,
+        )
+        log.info(
+            "KV cache: %d blocks of %d tokens, %.1f MiB", num_blocks, config.block_size,
+            sum(k.nbytes + v.nbytes for k, v in self.kv_cache) / 2**20,
+        )
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+    def _prepare_prefill(
+        self, seqs: list[Sequence]
+    ) -> tuple[list[int], list[int], AttentionMetadata, list[int]]:
+        # A prefill covers all of a sequence's tokens: the prompt, plus its outputs after a
+        # preemption by recompute.
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        lens: list[int] = []
+        for seq in seqs:
+            n = seq.num_tokens
+            ids += seq.token_ids
+            positions += range(n)
+            slots += slots_for(seq.block_table, 0, n, self.block_size)
+            lens.append(n)
+        last = [sum(lens[: i + 1]) - 1 for i in range(len(lens))]
+        return ids, positions, AttentionMetadata.prefill(lens, self._tensor(slots)), last
+
+    def _prepare_decode(
+        self, seqs: list[Sequence]
+    ) -> tuple[list[int], list[int], AttentionMetadata, list[int]]:
+        ids = [seq.last_token for seq in seqs]
+        positions = [seq.num_tokens - 1 for seq in seqs]
+        slots = [slots_for(s.block_table, p, p + 1, self.block_size)[0]
+                 for s, p in zip(seqs, positions, strict=True)]
+        width = max(len(s.block_table) for s in seqs)
+        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]  # 0: masked
+        meta = AttentionMetadata.decode(
+            self._tensor(slots),
+            self._tensor(tables).view(len(seqs), width),
+            self._tensor([s.num_tokens for s in seqs]),
+        )
+        return ids, positions, meta, list(range(len(seqs)))
+
+    def _embed(self, heads: list[str], ids: torch.Tensor) -> torch.Tensor:
+        # heads: one name per token; ids: [T] -> [T, d], gathered per head group
+        if len(set(heads)) == 1:
+            return self.model.embed(heads[0], ids)
+        x = torch.empty(
+            (ids.shape[0], self.model.manifest.backbone.hidden_size),
+            dtype=self.model.dtype, device=self.device,
+        )
+        for head, rows in _groups(heads).items():
+            idx = self._tensor(rows)
+            x[idx] = self.model.embed(head, ids[idx])
+        return x
+
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> StepOutput:
+        prepare = self._prepare_prefill if is_prefill else self._prepare_decode
+        ids, positions, meta, last = prepare(seqs)
+        token_heads = (
+            [s.head for s in seqs for _ in range(s.num_tokens)] if is_prefill
+            else [s.head for s in seqs]
+        )
+        x = self._embed(token_heads, self._tensor(ids))  # [T, d]
+        hidden = self.model(x, self._tensor(positions), meta, self.kv_cache)  # [T, d]
+        hidden = hidden[self._tensor(last)]  # [B, d]: the last token of each sequence
+
+        token_ids: list[int] = [0] * len(seqs)
+        logprobs: list[float | None] = [None] * len(seqs)
+        for head, rows in _groups([s.head for s in seqs]).items():
+            group = [seqs[i] for i in rows]
+            want = any(s.want_logprobs for s in group)
+            batch = SamplingBatch.from_rows(
+                [s.params for s in group],
+                [s.num_tokens for s in group],  # index of the token being sampled
+                want_logprobs=want,
+            )
+            out = unembed_and_sample(
+                hidden[self._tensor(rows)], self.model.unembedding_rows(head), batch
+            )
+            toks = out.token_ids.tolist()
+            lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(rows)
+            for i, s, t, lp in zip(rows, group, toks, lps, strict=True):
+                token_ids[i] = t
+                logprobs[i] = lp if s.want_logprobs else None
+        return StepOutput(token_ids, logprobs)
+
+
+def _groups(heads: list[str]) -> dict[str, list[int]]:
+    """Row indices per head name, in first-seen order."""
+    out: dict[str, list[int]] = {}
+    for i, h in enumerate(heads):
+        out.setdefault(h, []).append(i)
+    return out

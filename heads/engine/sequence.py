@@ -1,0 +1,68 @@
+"""Per-request state inside the engine: tokens so far, sampling options and the KV blocks held."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+from kernels.sampling_params import RowParams
+
+log = logging.getLogger(__name__)
+
+_ids = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    request_id: str
+    head: str
+    prompt_ids: list[int]
+    params: RowParams
+    max_tokens: int
+    stop_token_ids: frozenset[int] = frozenset()
+    want_logprobs: bool = False
+    seq_id: int = field(default_factory=lambda: next(_ids))  # engine-unique, unlike request_id
+    output_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError("a prompt needs at least one token")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append(self, token_id: int, max_model_len: int) -> str | None:
+        """Record a sampled token; returns the finish reason it causes, if any."""
+        self.output_ids.append(token_id)
+        if token_id in self.stop_token_ids:
+            return "stop"
+        if len(self.output_ids) >= self.max_tokens or self.num_tokens >= max_model_len:
+            return "length"
+        return None

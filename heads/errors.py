@@ -1,0 +1,22 @@
+class HeadsError(Exception):
+    """Base error of the heads package."""
+
+
+class CheckpointError(HeadsError):
+    """A model directory is missing, unreadable or inconsistent. The message names the field."""
+
+
+class TokenizerError(HeadsError):
+    """A tokenizer file cannot be loaded or does not match its head."""
+
+
+class EngineError(HeadsError):
+    """The local engine cannot accept or continue a request."""
+
+
+class EngineOverloaded(EngineError):
+    """The request can never fit the KV cache (prompt + max_tokens exceed its capacity)."""
+
+
+class EngineStopped(EngineError):
+    """The engine is shutting down and takes no new requests."""

@@ -1,0 +1,165 @@
+"""Llama-family backbone (RMSNorm, RoPE, GQA, SwiGLU) over a paged KV cache.
+
+No embedding or unembedding lives here: those belong to the heads. The backbone maps input
+embeddings [T, d] plus attention metadata to final-normed hidden states [T, d].
+
+State-dict keys (Hugging Face `LlamaModel` names without the `model.` prefix):
+
+    layers.{i}.input_layernorm.weight            [d]
+    layers.{i}.self_attn.q_proj.weight           [H * Dh, d]
+    layers.{i}.self_attn.k_proj.weight           [n_kv * Dh, d]
+    layers.{i}.self_attn.v_proj.weight           [n_kv * Dh, d]
+    layers.{i}.self_attn.o_proj.weight           [d, H * Dh]
+    layers.{i}.post_attention_layernorm.weight   [d]
+    layers.{i}.mlp.gate_proj.weight              [I, d]
+    layers.{i}.mlp.up_proj.weight                [I, d]
+    layers.{i}.mlp.down_proj.weight              [d, I]
+    norm.weight                                  [d]
+
+The RoPE table is a non-persistent buffer, so it is not part of the state dict.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from heads.attention import (
+    AttentionMetadata,
+    KVCache,
+    decode_attention,
+    prefill_attention,
+    write_kv,
+)
+from heads.manifest import BackboneConfig
+
+log = logging.getLogger(__name__)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and cast back before the weight, as Hugging Face Llama does, so
+        # bf16 checkpoints round the same way.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_table(head_dim: int, max_positions: int, theta: float) -> torch.Tensor:
+    # -> [max_positions, 2, Dh] fp32: (cos, sin) in the rotate-half layout (frequencies repeated)
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return torch.stack((emb.cos(), emb.sin()), dim=1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [T, heads, Dh]; cos, sin: [T, 1, Dh] in x's dtype
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        d = cfg.hidden_size
+        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)  # q: [T, H, Dh]
+        k = self.k_proj(x).view(t, self.n_kv, self.head_dim)  # k: [T, n_kv, Dh]
+        v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_cache, v_cache = kv
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        if meta.is_prefill:
+            o = prefill_attention(q, k, v, meta.seq_lens, self.scale)
+        else:
+            assert meta.block_tables is not None and meta.context_lens is not None
+            o = decode_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale
+            )
+        return self.o_proj(o.reshape(t, self.n_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        d, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(d, i, bias=False)
+        self.up_proj = nn.Linear(d, i, bias=False)
+        self.down_proj = nn.Linear(i, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaBackbone(nn.Module):
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        if cfg.architecture != "llama":
+            raise ValueError(f"LlamaBackbone cannot run architecture {cfg.architecture!r}")
+        self.config = cfg
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.register_buffer(
+            "rope",
+            rope_table(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta),
+            persistent=False,
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+    ) -> torch.Tensor:
+        # x: [T, d]; positions: [T] int64 -> final-normed hidden states [T, d]
+        table = self.rope[positions].to(x.dtype)  # [T, 2, Dh]
+        cos, sin = table[:, 0:1], table[:, 1:2]  # [T, 1, Dh], broadcast over heads
+        for layer, kv in zip(self.layers, kv_cache, strict=True):
+            x = layer(x, cos, sin, meta, kv)
+        return self.norm(x)

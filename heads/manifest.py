@@ -1,0 +1,220 @@
+"""manifest.json of a polyhead checkpoint: backbone config, dtype and the list of heads.
+
+Nested heads share one matrix: head h uses rows [0, rows_h) of the tensor named by
+`unembedding` (Matryoshka order), so the smaller heads cost no extra weights.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from heads.errors import CheckpointError
+
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+ARCHITECTURES = ("llama", "gemma3")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, slots=True)
+class BackboneConfig:
+    architecture: str
+    hidden_size: int  # d
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 2048
+
+    def validate(self, where: str) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise CheckpointError(f"{where}.architecture: unknown {self.architecture!r}")
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "intermediate_size", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise CheckpointError(f"{where}.{name}: must be > 0")
+        if self.num_heads % self.num_kv_heads:
+            raise CheckpointError(f"{where}.num_kv_heads: must divide num_heads")
+
+    @property
+    def kv_bytes_per_token_per_elem(self) -> int:
+        """K and V elements per token over all layers; multiply by the dtype size for bytes."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+    def num_parameters(self) -> int:
+        """Backbone parameters without embeddings (attention, MLP, norms)."""
+        d, h = self.hidden_size, self.head_dim
+        attn = d * h * (self.num_heads * 2 + self.num_kv_heads * 2)
+        mlp = 3 * d * self.intermediate_size
+        return self.num_layers * (attn + mlp + 2 * d) + d
+
+
+@dataclass(frozen=True, slots=True)
+class HeadSpec:
+    name: str  # short label used in "model:head", e.g. "4k"
+    vocab_size: int  # V: rows of the shared matrices this head uses
+    tokenizer: str  # tokenizer.json path, relative to the checkpoint directory
+    embedding: str  # safetensors tensor holding the input embedding rows
+    unembedding: str  # safetensors tensor holding the output rows (same name when tied)
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    training_bytes: int  # bytes of text the head was trained on; the denominator of λ
+    bytes_per_token: float | None = None  # measured on held-out text; None until measured
+    bpb: float | None = None  # bits per byte on held-out text; None until measured
+
+    def validate(self, where: str) -> None:
+        if not self.name or ":" in self.name:
+            raise CheckpointError(f"{where}.name: must be non-empty and contain no ':'")
+        if self.vocab_size <= 0:
+            raise CheckpointError(f"{where}.vocab_size: must be > 0")
+        bos = () if self.bos_token_id is None else (self.bos_token_id,)
+        specials = (*self.eos_token_ids, *bos)
+        for tid in specials:
+            if not 0 <= tid < self.vocab_size:
+                raise CheckpointError(
+                    f"{where}: special token id {tid} outside [0, {self.vocab_size})"
+                )
+        if not self.eos_token_ids:
+            raise CheckpointError(f"{where}.eos_token_ids: at least one EOS id is required")
+        if self.training_bytes < 0:
+            raise CheckpointError(f"{where}.training_bytes: must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    model_name: str
+    dtype: str
+    backbone: BackboneConfig
+    heads: tuple[HeadSpec, ...]
+    weights: str = "model.safetensors"
+    chat_template: str | None = None  # jinja2; None selects the documented plain template
+    format_version: int = FORMAT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def head(self, name: str) -> HeadSpec:
+        for h in self.heads:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    @property
+    def head_names(self) -> list[str]:
+        return [h.name for h in self.heads]
+
+    def validate(self) -> None:
+        if self.format_version != FORMAT_VERSION:
+            raise CheckpointError(
+                f"format_version: {self.format_version} is not supported "
+                f"(expected {FORMAT_VERSION})"
+            )
+        if not self.model_name or ":" in self.model_name:
+            raise CheckpointError("model_name: must be non-empty and contain no ':'")
+        if self.dtype not in DTYPES:
+            raise CheckpointError(f"dtype: {self.dtype!r} not in {DTYPES}")
+        self.backbone.validate("backbone")
+        if not self.heads:
+            raise CheckpointError("heads: at least one head is required")
+        names = [h.name for h in self.heads]
+        if len(set(names)) != len(names):
+            raise CheckpointError("heads: head names must be unique")
+        for i, h in enumerate(self.heads):
+            h.validate(f"heads[{i}]")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
+
+    def save(self, directory: Path) -> None:
+        (directory / MANIFEST_FILE).write_text(self.to_json())
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any]) -> Manifest:
+        m = Manifest(
+            model_name=_take(raw, "model_name", str),
+            dtype=_take(raw, "dtype", str),
+            backbone=_build(BackboneConfig, _take(raw, "backbone", dict), "backbone"),
+            heads=tuple(
+                _build(HeadSpec, h, f"heads[{i}]")
+                for i, h in enumerate(_take(raw, "heads", list))
+            ),
+            weights=raw.get("weights", "model.safetensors"),
+            chat_template=raw.get("chat_template"),
+            format_version=_take(raw, "format_version", int),
+            extra=raw.get("extra", {}),
+        )
+        m.validate()
+        return m
+
+    @staticmethod
+    def load(directory: Path) -> Manifest:
+        path = directory / MANIFEST_FILE
+        if not directory.is_dir():
+            raise CheckpointError(f"model directory {directory} does not exist")
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing (not a polyhead checkpoint)")
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{path}: top level must be an object")
+        return Manifest.from_dict(raw)
+
+
+def _take(raw: dict[str, Any], key: str, kind: type) -> Any:
+    if key not in raw:
+        raise CheckpointError(f"{key}: missing")
+    value = raw[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CheckpointError(f"{key}: expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _build(cls: type, raw: Any, where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{where}: expected an object")
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise CheckpointError(f"{where}.{sorted(unknown)[0]}: unknown field")
+    kwargs: dict[str, Any] = {}
+    for name, f in known.items():
+        if name not in raw:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise CheckpointError(f"{where}.{name}: missing")
+            continue
+        kwargs[name] = _check_type(raw[name], str(f.type), f"{where}.{name}")
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise CheckpointError(f"{where}: {e}") from e
+
+
+_SCALARS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,)}
+
+
+def _check_type(value: Any, annotation: str, where: str) -> Any:
+    # Annotations are strings here (PEP 563); only the shapes used in this file are handled.
+    optional = annotation.endswith("| None")
+    base = annotation.removesuffix("| None").strip()
+    if value is None:
+        if optional:
+            return None
+        raise CheckpointError(f"{where}: must not be null")
+    if base.startswith("tuple["):
+        if not isinstance(value, list) or not all(_is(v, (int,)) for v in value):
+            raise CheckpointError(f"{where}: expected a list of integers")
+        return tuple(value)
+    kinds = _SCALARS.get(base)
+    if kinds is not None and not _is(value, kinds):
+        raise CheckpointError(f"{where}: expected {base}, got {type(value).__name__}")
+    return value
+
+
+def _is(value: Any, kinds: tuple[type, ...]) -> bool:
+    return isinstance(value, kinds) and not isinstance(value, bool)

@@ -1,0 +1,156 @@
+"""MultiHeadModel: one backbone plus the named embedding/unembedding matrices of its heads.
+
+Tensor names (the checkpoint's safetensors keys):
+
+- `backbone.<key>`: the backbone, keys as documented in `heads/llama.py`;
+- the matrix names that `HeadSpec.embedding` / `HeadSpec.unembedding` refer to, for example
+  `matrices.shared` [V_max, d]. A name used by several heads or roles is stored once (tied),
+  and head h reads rows [0, V_h) of it (Matryoshka order).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from heads.attention import AttentionMetadata, KVCache
+from heads.errors import CheckpointError
+from heads.llama import LlamaBackbone
+from heads.manifest import HeadSpec, Manifest
+
+log = logging.getLogger(__name__)
+
+BACKBONE_PREFIX = "backbone."
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_backbone(manifest: Manifest) -> nn.Module:
+    if manifest.backbone.architecture == "llama":
+        return LlamaBackbone(manifest.backbone)
+    raise CheckpointError(
+        f"backbone.architecture: {manifest.backbone.architecture!r} is not supported by the "
+        "local engine"
+    )
+
+
+class MultiHeadModel(nn.Module):
+    def __init__(self, manifest: Manifest, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        manifest.validate()
+        self.manifest = manifest
+        self.dtype = _DTYPES[manifest.dtype]
+        self.heads: dict[str, HeadSpec] = {h.name: h for h in manifest.heads}
+        self.backbone = build_backbone(manifest)
+        self._load_backbone(tensors)
+        # Matrix names contain dots, which module attribute names may not, so each one is a
+        # buffer `matrix_{i}` (moved by .to()) found through `_matrix_attr`.
+        self._matrix_attr: dict[str, str] = {}
+        for name in self._matrix_names():
+            if name not in tensors:
+                raise CheckpointError(f"tensor {name!r}: missing (named by a head)")
+            attr = f"matrix_{len(self._matrix_attr)}"
+            self.register_buffer(attr, tensors[name].to(self.dtype))
+            self._matrix_attr[name] = attr
+        self._check_matrices()
+        self.backbone.to(self.dtype)
+        self.eval()
+
+    def _matrix_names(self) -> list[str]:
+        names: dict[str, None] = {}  # ordered set: tied names collapse to one entry
+        for h in self.manifest.heads:
+            names[h.embedding] = None
+            names[h.unembedding] = None
+        return list(names)
+
+    def _load_backbone(self, tensors: dict[str, torch.Tensor]) -> None:
+        sd = {
+            k.removeprefix(BACKBONE_PREFIX): v
+            for k, v in tensors.items()
+            if k.startswith(BACKBONE_PREFIX)
+        }
+        expected = self.backbone.state_dict()
+        missing = sorted(set(expected) - set(sd))
+        unexpected = sorted(set(sd) - set(expected))
+        if missing or unexpected:
+            what = f"missing {BACKBONE_PREFIX}{missing[0]}" if missing else (
+                f"unexpected {BACKBONE_PREFIX}{unexpected[0]}"
+            )
+            raise CheckpointError(f"backbone tensors: {what}")
+        for k, v in sd.items():
+            if v.shape != expected[k].shape:
+                raise CheckpointError(
+                    f"tensor {BACKBONE_PREFIX}{k}: shape {tuple(v.shape)}, "
+                    f"expected {tuple(expected[k].shape)}"
+                )
+        self.backbone.load_state_dict(sd, strict=True)
+
+    def _check_matrices(self) -> None:
+        d = self.manifest.backbone.hidden_size
+        for h in self.manifest.heads:
+            for name in (h.embedding, h.unembedding):
+                m = self._matrix(name)
+                if m.dim() != 2 or m.shape[1] != d:
+                    raise CheckpointError(f"tensor {name!r}: shape {tuple(m.shape)}, need [V, {d}]")
+                if m.shape[0] < h.vocab_size:
+                    raise CheckpointError(
+                        f"tensor {name!r}: {m.shape[0]} rows < head {h.name!r} V={h.vocab_size}"
+                    )
+
+    def _matrix(self, name: str) -> torch.Tensor:
+        return getattr(self, self._matrix_attr[name])
+
+    def _head(self, head_name: str) -> HeadSpec:
+        try:
+            return self.heads[head_name]
+        except KeyError:
+            raise KeyError(f"unknown head {head_name!r}; have {sorted(self.heads)}") from None
+
+    @property
+    def device(self) -> torch.device:
+        return self.backbone.norm.weight.device
+
+    def embed(self, head_name: str, ids: torch.Tensor) -> torch.Tensor:
+        # ids: [T] int64 -> [T, d]
+        h = self._head(head_name)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= h.vocab_size):
+            raise ValueError(f"token ids outside [0, {h.vocab_size}) for head {head_name!r}")
+        return self._matrix(h.embedding).index_select(0, ids)
+
+    def unembedding_rows(self, head_name: str) -> torch.Tensor:
+        # -> [V_h, d], a view of the (possibly shared) matrix
+        h = self._head(head_name)
+        return self._matrix(h.unembedding)[: h.vocab_size]
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv: KVCache
+    ) -> torch.Tensor:
+        # x: [T, d] input embeddings -> final-normed hidden states [T, d]
+        return self.backbone(x, positions, meta, kv)
+
+    def state_dict_for_save(self) -> dict[str, torch.Tensor]:
+        out = {BACKBONE_PREFIX + k: v for k, v in self.backbone.state_dict().items()}
+        out.update({name: self._matrix(name) for name in self._matrix_attr})
+        return out
+
+    @classmethod
+    def random(cls, manifest: Manifest, seed: int) -> MultiHeadModel:
+        """Deterministic random weights: N(0, 0.02) matrices and projections, norms = 1."""
+        manifest.validate()
+        gen = torch.Generator().manual_seed(seed)
+        tensors: dict[str, torch.Tensor] = {}
+        # Shapes come from a throwaway backbone so this stays architecture-agnostic.
+        for k, v in sorted(build_backbone(manifest).state_dict().items()):
+            if k.endswith("norm.weight"):
+                tensors[BACKBONE_PREFIX + k] = torch.ones(v.shape)
+            else:
+                tensors[BACKBONE_PREFIX + k] = torch.randn(v.shape, generator=gen) * 0.02
+        rows: dict[str, int] = {}
+        for h in manifest.heads:
+            for name in (h.embedding, h.unembedding):
+                rows[name] = max(rows.get(name, 0), h.vocab_size)
+        d = manifest.backbone.hidden_size
+        for name, v in rows.items():
+            tensors[name] = torch.randn((v, d), generator=gen) * 0.02
+        return cls(manifest, tensors)

@@ -1,0 +1,1 @@
+"""The polyhead gateway: OpenAI-compatible API, admin API, metrics, settings and CLI."""

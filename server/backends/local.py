@@ -1,0 +1,35 @@
+"""The embedded default: the in-process paged engine from heads/."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import torch
+
+from heads.engine.config import EngineConfig
+from heads.engine.llm_engine import GenerationRequest, HeadLoad, LocalEngine, TokenEvent
+from heads.model import MultiHeadModel
+
+
+class LocalBackend:
+    def __init__(self, model: MultiHeadModel, config: EngineConfig, torch_threads: int = 0):
+        if torch_threads:
+            # Set here, not at import: the thread count is an operator choice per process.
+            torch.set_num_threads(torch_threads)
+        self.engine = LocalEngine(model, config)
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def stop(self) -> None:
+        await self.engine.shutdown()
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        return self.engine.generate(request)
+
+    def head_load(self) -> dict[str, HeadLoad]:
+        return self.engine.head_load()
+
+    def kv_blocks(self) -> tuple[int, int]:
+        total = self.engine.total_blocks()
+        return total - self.engine.free_blocks(), total

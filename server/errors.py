@@ -1,0 +1,153 @@
+"""The one place where errors become HTTP responses with OpenAI-style bodies.
+
+Body: {"error": {"message", "type", "param", "code"}}. The other packages raise their own
+errors (heads.errors, router.errors, kernels.errors); this module maps them to statuses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from heads.errors import EngineError, EngineOverloaded, EngineStopped, TokenizerError
+from kernels.errors import KernelError
+from router.errors import InvalidPolicy, RouterError, UnknownHead
+
+log = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    """An error raised by the gateway itself, already carrying its HTTP status."""
+
+    status = 400
+    type = "invalid_request_error"
+    code: str | None = None
+
+    def __init__(self, message: str, param: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+
+class BadRequest(APIError):
+    code = "bad_request"
+
+
+class Unauthorized(APIError):
+    status, type, code = 401, "authentication_error", "invalid_api_key"
+
+
+class Forbidden(APIError):
+    status, type, code = 403, "permission_error", "forbidden"
+
+
+class NotFound(APIError):
+    status, type, code = 404, "invalid_request_error", "model_not_found"
+
+
+class PayloadTooLarge(APIError):
+    status, code = 413, "payload_too_large"
+
+
+class Conflict(APIError):
+    status, code = 409, "conflict"
+
+
+class Unavailable(APIError):
+    status, type, code = 503, "server_error", "unavailable"
+
+
+class InternalError(APIError):
+    status, type, code = 500, "server_error", "internal_error"
+
+
+class InvalidPolicyRequest(APIError):
+    code = "invalid_policy"
+
+
+def error_body(message: str, type_: str, param: str | None, code: str | None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(
+        error_body(err.message, err.type, err.param, err.code),
+        status_code=err.status,
+        headers=err.headers,
+    )
+
+
+def to_api_error(exc: Exception) -> APIError:
+    """Map a domain error from heads/router/kernels to the status a client should see."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, UnknownHead):
+        return NotFound(str(exc), param="model")
+    if isinstance(exc, InvalidPolicy):
+        return InvalidPolicyRequest(str(exc), param=exc.field)
+    if isinstance(exc, EngineOverloaded):
+        # The request can never fit the KV cache: a client error, like vLLM's context-length 400.
+        return BadRequest(str(exc), param="max_tokens")
+    if isinstance(exc, EngineStopped):
+        return Unavailable(str(exc))
+    if isinstance(exc, KernelError | TokenizerError):
+        return BadRequest(str(exc))
+    if isinstance(exc, EngineError | RouterError):
+        return InternalError(str(exc))
+    return InternalError("internal server error")
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    return f"{param or 'body'}: {first.get('msg', 'invalid value')}", param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if errors and errors[0].get("type") == "json_invalid":
+            return error_response(BadRequest("request body is not valid JSON"))
+        message, param = _validation_message(exc)
+        err = BadRequest(message, param=param)
+        err.status, err.code = 422, "invalid_value"
+        return error_response(err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else None
+        err = APIError(str(exc.detail))
+        err.status, err.code = exc.status_code, code
+        return error_response(err)
+
+    for domain in (RouterError, EngineError, KernelError, TokenizerError):
+
+        @app.exception_handler(domain)
+        async def _domain(_: Request, exc: Exception) -> JSONResponse:
+            err = to_api_error(exc)
+            if err.status >= 500:
+                log.error("request failed: %s", exc, exc_info=exc)
+            return error_response(err)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error", exc_info=exc)
+        return error_response(to_api_error(exc))
+
+
+def sse_error(err: APIError) -> str:
+    """An error event for a stream that already started (the status line was sent as 200)."""
+    body = error_body(err.message, err.type, err.param, err.code)
+    return f"data: {json.dumps(body)}\n\n"

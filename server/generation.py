@@ -1,0 +1,75 @@
+"""One generation: token IDs from the backend become text deltas for the client.
+
+Detokenizes incrementally with the request's head, applies stop strings, and closes the
+backend stream as soon as the request is done, which aborts it in the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from heads.engine.llm_engine import GenerationRequest
+from heads.tokenizer import HeadTokenizer, IncrementalDetokenizer
+from server.backends.base import Backend
+from server.stop_strings import StopStringMatcher
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    index: int  # choice index
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str | None = None  # "stop" | "length" on the last delta
+
+
+@dataclass(slots=True)
+class Outcome:
+    """Totals of one choice, filled while it streams."""
+
+    completion_tokens: int = 0
+    text_bytes: int = 0
+    first_token_at: float | None = None
+    finish_reason: str | None = None
+    parts: list[str] = field(default_factory=list)
+
+
+async def generate_text(
+    backend: Backend,
+    tokenizer: HeadTokenizer,
+    request: GenerationRequest,
+    stops: list[str],
+    index: int,
+    outcome: Outcome,
+) -> AsyncIterator[Delta]:
+    detok = IncrementalDetokenizer(tokenizer)
+    matcher = StopStringMatcher(stops)
+    eos = request.stop_token_ids
+    stream = backend.generate(request)
+    try:
+        async for event in stream:
+            if outcome.first_token_at is None:
+                outcome.first_token_at = time.perf_counter()
+            outcome.completion_tokens += 1
+            is_eos = event.token_id in eos and event.finish_reason == "stop"
+            text = "" if is_eos else matcher.feed(detok.push(event.token_id))
+            finish = event.finish_reason
+            if matcher.matched is not None:
+                finish = "stop"
+            elif finish is not None:
+                text += matcher.feed(detok.flush()) + matcher.flush()
+            ids = () if is_eos else (event.token_id,)
+            lps = () if event.logprob is None or is_eos else (event.logprob,)
+            outcome.text_bytes += len(text.encode())
+            outcome.parts.append(text)
+            if finish is not None:
+                outcome.finish_reason = finish
+                yield Delta(index, text, ids, lps, finish)
+                return
+            if text or ids:
+                yield Delta(index, text, ids, lps)
+    finally:
+        # Closing the engine stream aborts the request there and frees its KV blocks.
+        await stream.aclose()  # type: ignore[attr-defined]

@@ -1,0 +1,42 @@
+"""A validated request, ready to run: the chosen head, its token IDs, one job per choice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from heads.engine.llm_engine import GenerationRequest
+from router.policy import Decision
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceJob:
+    index: int
+    request: GenerationRequest
+    stops: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    request_id: str
+    kind: str  # "completion" | "chat"
+    route: str  # "/v1/completions" | "/v1/chat/completions"
+    created: int  # unix seconds
+    model: str  # echoed back as the response's "model"
+    decision: Decision
+    prompt_tokens: int  # summed over prompts (each counted once, not per choice)
+    prompt_bytes: int
+    jobs: tuple[ChoiceJob, ...]
+    want_logprobs: bool
+    include_usage: bool
+    started_at: float  # perf_counter at arrival, for TTFT and e2e
+
+    @property
+    def head(self) -> str:
+        return self.decision.head
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-polyhead-head": self.decision.head,
+            "x-polyhead-policy": f"{self.decision.policy}@v{self.decision.version}",
+            "x-request-id": self.request_id,
+        }

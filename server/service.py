@@ -1,0 +1,241 @@
+"""The gateway's request path: validate, route, tokenize, then stream from the backend.
+
+Built once in the app's lifespan and injected into the route handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from heads.engine.llm_engine import GenerationRequest
+from heads.manifest import Manifest
+from heads.tokenizer import HeadTokenizer
+from kernels.sampling_params import RowParams
+from router.profiles import RequestFeatures
+from router.router import Router
+from router.state import LiveState
+from server.backends.base import Backend
+from server.chat_template import render_chat
+from server.errors import BadRequest, NotFound
+from server.generation import Delta, Outcome, generate_text
+from server.metrics import Metrics
+from server.plan import ChoiceJob, Plan
+from server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_tokens: int
+    default_max_tokens: int
+    max_stop_sequences: int
+    max_model_len: int  # prompt + output tokens
+    max_prompt_tokens: int  # a prompt is prefilled in one step, never chunked
+
+    @staticmethod
+    def from_settings(s: Settings, max_model_len: int) -> Limits:
+        return Limits(s.max_tokens_limit, s.default_max_tokens, s.max_stop_sequences,
+                      max_model_len, s.max_num_batched_tokens)
+
+
+class GatewayService:
+    def __init__(
+        self,
+        manifest: Manifest,
+        tokenizers: dict[str, HeadTokenizer],
+        backend: Backend,
+        router: Router,
+        state: LiveState,
+        metrics: Metrics,
+        limits: Limits,
+    ) -> None:
+        self.manifest = manifest
+        self.tokenizers = tokenizers
+        self.backend = backend
+        self.router = router
+        self.state = state
+        self.metrics = metrics
+        self.limits = limits
+
+    # --- planning -------------------------------------------------------------------------
+
+    def pinned_head(self, model: str) -> str | None:
+        name, sep, head = model.partition(":")
+        if name != self.manifest.model_name:
+            raise NotFound(f"model '{model}' does not exist", param="model")
+        if not sep:
+            return None
+        if head not in self.manifest.head_names:
+            raise NotFound(
+                f"head '{head}' does not exist; heads: {', '.join(self.manifest.head_names)}",
+                param="model",
+            )
+        return head
+
+    def plan_completion(self, body: CompletionRequest) -> Plan:
+        self._reject_unsupported(body)
+        if body.echo or body.suffix is not None or (body.best_of or 1) > 1:
+            raise BadRequest("echo, suffix and best_of are not supported", param="echo")
+        if body.logprobs not in (None, 0, 1):
+            raise BadRequest("only the sampled token's logprob is available (logprobs <= 1)",
+                             param="logprobs")
+        texts = body.prompts()
+        if not texts:
+            raise BadRequest("prompt must not be empty", param="prompt")
+        return self._plan("completion", "/v1/completions", body, texts,
+                          chat=False, logprobs=body.logprobs is not None)
+
+    def plan_chat(self, body: ChatCompletionRequest) -> Plan:
+        self._reject_unsupported(body)
+        if body.tools or body.tool_choice not in (None, "none"):
+            raise BadRequest("tool calling is not supported", param="tools")
+        if body.response_format and body.response_format.get("type") not in (None, "text"):
+            raise BadRequest("only response_format 'text' is supported", param="response_format")
+        if body.top_logprobs:
+            raise BadRequest("top_logprobs is not supported; use logprobs=true",
+                             param="top_logprobs")
+        messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
+        text = render_chat(messages, self.manifest.chat_template, *self._bos_eos_text())
+        return self._plan("chat", "/v1/chat/completions", body, [text],
+                          chat=True, logprobs=body.logprobs,
+                          max_tokens=body.effective_max_tokens())
+
+    def _plan(
+        self, kind: str, route: str, body: SamplingFields, texts: list[str], *,
+        chat: bool, logprobs: bool, max_tokens: int | None = None,
+    ) -> Plan:
+        started = time.perf_counter()
+        pinned = self.pinned_head(body.model)
+        max_tokens = max_tokens or body.max_tokens or self.limits.default_max_tokens
+        if max_tokens > self.limits.max_tokens:
+            raise BadRequest(f"max_tokens {max_tokens} exceeds the limit {self.limits.max_tokens}",
+                             param="max_tokens")
+        stops = body.stop_list()
+        if len(stops) > self.limits.max_stop_sequences:
+            raise BadRequest(f"at most {self.limits.max_stop_sequences} stop sequences",
+                             param="stop")
+        prompt_bytes = sum(len(t.encode()) for t in texts)
+        self.refresh_load()
+        decision = self.router.decide(RequestFeatures(prompt_bytes, max_tokens, pinned))
+        tok = self.tokenizers[decision.head]
+        spec = self.manifest.head(decision.head)
+        prompts = [self._encode(tok, t, chat, spec.bos_token_id) for t in texts]
+        for ids in prompts:
+            if len(ids) > self.limits.max_prompt_tokens:
+                raise BadRequest(f"prompt is {len(ids)} tokens; the limit is "
+                                 f"{self.limits.max_prompt_tokens}", param="prompt")
+            if len(ids) + max_tokens > self.limits.max_model_len:
+                raise BadRequest(
+                    f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the "
+                    f"model's context of {self.limits.max_model_len} tokens", param="max_tokens")
+        request_id = ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12)
+        base_seed = body.seed if body.seed is not None else secrets.randbits(62)
+        jobs = []
+        for p, ids in enumerate(prompts):
+            for i in range(body.n):
+                index = p * body.n + i
+                sampling = RowParams(body.temperature, body.top_p, body.top_k,
+                                     (base_seed + index) % 2**63)
+                req = GenerationRequest(f"{request_id}-{index}", decision.head, tuple(ids),
+                                        max_tokens, sampling, frozenset(spec.eos_token_ids),
+                                        logprobs)
+                jobs.append(ChoiceJob(index, req, tuple(stops)))
+        self.metrics.decisions.labels(decision.head, decision.policy).inc()
+        log.debug("request %s -> head %s: %s", request_id, decision.head, decision.reason)
+        return Plan(request_id, kind, route, int(time.time()), body.model, decision,
+                    sum(len(p) for p in prompts), prompt_bytes, tuple(jobs), logprobs,
+                    bool(body.stream_options and body.stream_options.include_usage), started)
+
+    def _reject_unsupported(self, body: SamplingFields) -> None:
+        if body.presence_penalty or body.frequency_penalty:
+            raise BadRequest("presence_penalty and frequency_penalty are not supported",
+                             param="presence_penalty")
+        if body.logit_bias:
+            raise BadRequest("logit_bias is not supported: token ids differ per head",
+                             param="logit_bias")
+        if body.stream_options is not None and not body.stream:
+            raise BadRequest("stream_options requires stream=true", param="stream_options")
+
+    def _bos_eos_text(self) -> tuple[str, str]:
+        # Heads are nested, so the largest head knows every special token's text.
+        spec = max(self.manifest.heads, key=lambda h: h.vocab_size)
+        tok = self.tokenizers[spec.name]
+        bos = tok.id_to_token(spec.bos_token_id) if spec.bos_token_id is not None else ""
+        return bos or "", tok.id_to_token(spec.eos_token_ids[0]) or ""
+
+    @staticmethod
+    def _encode(tok: HeadTokenizer, text: str, chat: bool, bos: int | None) -> list[int]:
+        # Chat prompts are rendered by the model's template, so special tokens in them are
+        # real; in a raw completion prompt they are plain text (no prompt injection).
+        ids = tok.encode_with_specials(text) if chat else tok.encode(text)
+        if bos is not None and (not ids or ids[0] != bos):
+            ids = [bos, *ids]  # Gemma and friends produce garbage without BOS
+        return ids
+
+    # --- running --------------------------------------------------------------------------
+
+    def refresh_load(self) -> None:
+        for head, load in self.backend.head_load().items():
+            self.state.set_load(head, load.running, load.waiting)
+
+    async def stream(self, plan: Plan, outcomes: list[Outcome]) -> AsyncIterator[Delta]:
+        """Merge the plan's choices into one stream of deltas, in arrival order.
+
+        `outcomes` (one per job) collects each choice's totals for the usage block.
+        """
+        queue: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue()
+
+        async def pump(job: ChoiceJob, outcome: Outcome) -> None:
+            tok = self.tokenizers[plan.head]
+            try:
+                async for d in generate_text(self.backend, tok, job.request, list(job.stops),
+                                             job.index, outcome):
+                    queue.put_nowait(d)
+                queue.put_nowait(None)
+            except Exception as e:  # delivered to the consumer, which re-raises it
+                queue.put_nowait(e)
+
+        tasks = [asyncio.create_task(pump(j, o)) for j, o in zip(plan.jobs, outcomes, strict=True)]
+        status = "error"
+        try:
+            done = 0
+            while done < len(tasks):
+                item = await queue.get()
+                if item is None:
+                    done += 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+            status = "200"
+        except (asyncio.CancelledError, GeneratorExit):
+            status = "499"  # client closed the request (nginx's convention)
+            raise
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._account(plan, outcomes, status)
+
+    def _account(self, plan: Plan, outcomes: list[Outcome], status: str) -> None:
+        m, head = self.metrics, plan.head
+        m.requests.labels(plan.route, head, plan.decision.policy, status).inc()
+        gen_tokens = sum(o.completion_tokens for o in outcomes)
+        gen_bytes = sum(o.text_bytes for o in outcomes)
+        m.tokens.labels(head, "prompt").inc(plan.prompt_tokens)
+        m.tokens.labels(head, "generated").inc(gen_tokens)
+        m.bytes.labels(head, "prompt").inc(plan.prompt_bytes)
+        m.bytes.labels(head, "generated").inc(gen_bytes)
+        firsts = [o.first_token_at for o in outcomes if o.first_token_at is not None]
+        if firsts:
+            m.ttft.labels(head).observe(min(firsts) - plan.started_at)
+        m.e2e.labels(head).observe(time.perf_counter() - plan.started_at)
+        # λ counts the text served; prompt and output bytes both pass through the head.
+        self.state.add_served(head, plan.prompt_bytes + gen_bytes, plan.prompt_tokens + gen_tokens)

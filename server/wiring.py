@@ -1,0 +1,52 @@
+"""Build the router and the engine settings from a manifest and the gateway settings."""
+
+from __future__ import annotations
+
+from heads.engine.config import EngineConfig
+from heads.manifest import Manifest
+from router.devices import DeviceSpec, detect_cpu, lookup_device
+from router.profiles import HeadProfile
+from router.router import Router
+from router.state import LiveState
+from server.settings import Settings
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def head_profiles(manifest: Manifest) -> list[HeadProfile]:
+    b = manifest.backbone
+    s = _DTYPE_BYTES[manifest.dtype]
+    return [
+        HeadProfile(
+            name=h.name,
+            vocab_size=h.vocab_size,
+            hidden_size=b.hidden_size,
+            backbone_params=b.num_parameters(),
+            kv_bytes_per_token=b.kv_bytes_per_token_per_elem * s,
+            weight_bytes_per_param=s,
+            bytes_per_token=h.bytes_per_token,
+            training_bytes=h.training_bytes,
+        )
+        for h in manifest.heads
+    ]
+
+
+def device_spec(name: str) -> DeviceSpec:
+    return detect_cpu() if name == "auto" else lookup_device(name)
+
+
+def build_router(manifest: Manifest, settings: Settings) -> tuple[Router, LiveState]:
+    profiles = head_profiles(manifest)
+    state = LiveState.for_profiles(profiles)
+    router = Router(profiles, device_spec(settings.device), state, settings.policy)
+    return router, state
+
+
+def engine_config(settings: Settings, manifest: Manifest) -> EngineConfig:
+    return EngineConfig(
+        block_size=settings.block_size,
+        kv_cache_bytes=settings.kv_cache_mb << 20,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_model_len=manifest.backbone.max_position_embeddings,
+    )

@@ -1,0 +1,85 @@
+"""Shared fixtures: the tiny model (built once per session) and real gateway processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ADMIN_TOKEN = "test-admin-token"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from heads.tiny import build_tiny
+
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    build_tiny(out)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Gateway:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_gateway(model_dir: Path, log_path: Path, **env: str) -> Gateway:
+    """Run `polyhead serve` as a real uvicorn process on a free loopback port."""
+    port = free_port()
+    full_env = {**os.environ, "POLYHEAD_MODEL": str(model_dir), "POLYHEAD_PORT": str(port),
+                "POLYHEAD_HOST": "127.0.0.1", "POLYHEAD_TORCH_THREADS": "1", **env}
+    logf = log_path.open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve"], env=full_env,
+                            stdout=logf, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gateway exited early:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return Gateway(url, proc, log_path)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"gateway not ready in time:\n{log_path.read_text()}")
+
+
+def stop_gateway(gw: Gateway) -> int:
+    gw.process.send_signal(signal.SIGTERM)
+    try:
+        return gw.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        gw.process.kill()
+        return gw.process.wait()
+
+
+@pytest.fixture(scope="session")
+def gateway(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    log_path = tmp_path_factory.mktemp("logs") / "gateway.log"
+    gw = start_gateway(tiny_model_dir, log_path, POLYHEAD_ADMIN_TOKEN=ADMIN_TOKEN,
+                       POLYHEAD_MAX_BODY_BYTES=str(64 * 1024),
+                       POLYHEAD_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
+    yield gw
+    stop_gateway(gw)

@@ -1,0 +1,17 @@
+"""Shared test profiles: a 1B backbone (d=2048, 64 KiB KV/token) with three nested heads."""
+
+from __future__ import annotations
+
+from router.profiles import HeadProfile
+
+N, D, KV = 1_000_000_000, 2048, 65536
+
+
+def heads(
+    train: float = 1e12, bpt: tuple[float, float, float] = (3.9, 4.4, 4.6)
+) -> list[HeadProfile]:
+    sizes = (("32k", 32768), ("131k", 131072), ("262k", 262144))
+    return [
+        HeadProfile(name, v, D, N, KV, bytes_per_token=b, training_bytes=train)
+        for (name, v), b in zip(sizes, bpt, strict=True)
+    ]

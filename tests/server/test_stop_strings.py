@@ -1,0 +1,42 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
+from server.stop_strings import StopStringMatcher
+
+
+def run(stops, pieces):
+    m = StopStringMatcher(stops)
+    out = ""
+    for p in pieces:
+        out += m.feed(p)
+        if m.matched:
+            return out, m.matched
+    return out + m.flush(), None
+
+
+def test_stop_split_across_pieces_is_never_emitted():
+    out, matched = run(["END"], ["abc E", "N", "D tail"])
+    assert out == "abc " and matched == "END"
+
+
+def test_held_back_text_is_released_when_no_match():
+    out, matched = run(["END"], ["abc E", "N", "x"])
+    assert out == "abc ENx" and matched is None
+
+
+def test_earliest_of_several_stops_wins():
+    out, matched = run(["zz", "b"], ["aazzb"])
+    assert out == "aa" and matched == "zz"
+
+
+@given(st.text(max_size=40), st.lists(st.text(min_size=1, max_size=4), max_size=3),
+       st.lists(st.integers(1, 5), max_size=20))
+def test_equals_truncating_the_whole_text(text, stops, cuts):
+    pieces, i = [], 0
+    for c in cuts:
+        pieces.append(text[i:i + c])
+        i += c
+    pieces.append(text[i:])
+    out, _ = run(stops, pieces)
+    hits = [text.find(s) for s in stops if s in text]
+    assert out == (text[: min(hits)] if hits else text)
