@@ -158,7 +158,8 @@ class LlamaBackbone(nn.Module):
         kv_cache: KVCache,
     ) -> torch.Tensor:
         # x: [T, d]; positions: [T] int64 -> final-normed hidden states [T, d]
-        table = self.rope[positions].to(x.dtype)  # [T, 2, Dh]
+        rope: torch.Tensor = self.rope  # type: ignore[assignment]  # a buffer, not a Module
+        table = rope[positions].to(x.dtype)  # [T, 2, Dh]
         cos, sin = table[:, 0:1], table[:, 1:2]  # [T, 1, Dh], broadcast over heads
         for layer, kv in zip(self.layers, kv_cache, strict=True):
             x = layer(x, cos, sin, meta, kv)

@@ -109,7 +109,7 @@ class MultiHeadModel(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.backbone.norm.weight.device
+        return next(self.backbone.parameters()).device
 
     def embed(self, head_name: str, ids: torch.Tensor) -> torch.Tensor:
         # ids: [T] int64 -> [T, d]
@@ -135,8 +135,10 @@ class MultiHeadModel(nn.Module):
         return out
 
     @classmethod
-    def random(cls, manifest: Manifest, seed: int) -> MultiHeadModel:
-        """Deterministic random weights: N(0, 0.02) matrices and projections, norms = 1."""
+    def random(cls, manifest: Manifest, seed: int, backbone_std: float = 0.02) -> MultiHeadModel:
+        """Deterministic random weights: N(0, 0.02) matrices, N(0, backbone_std) projections,
+        norms = 1. At 0.02 the residual stream is dominated by the input embedding and greedy
+        decoding repeats the last token; a larger std gives varied, context-dependent text."""
         manifest.validate()
         gen = torch.Generator().manual_seed(seed)
         tensors: dict[str, torch.Tensor] = {}
@@ -145,7 +147,7 @@ class MultiHeadModel(nn.Module):
             if k.endswith("norm.weight"):
                 tensors[BACKBONE_PREFIX + k] = torch.ones(v.shape)
             else:
-                tensors[BACKBONE_PREFIX + k] = torch.randn(v.shape, generator=gen) * 0.02
+                tensors[BACKBONE_PREFIX + k] = torch.randn(v.shape, generator=gen) * backbone_std
         rows: dict[str, int] = {}
         for h in manifest.heads:
             for name in (h.embedding, h.unembedding):

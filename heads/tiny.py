@@ -40,6 +40,8 @@ CHATML_TEMPLATE = (
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SEED = 0
+# Projections at 8x the usual 0.02, so random greedy text varies with context (see random()).
+BACKBONE_STD = 0.16
 
 
 def build_tiny(out: Path) -> Manifest:
@@ -68,7 +70,7 @@ def build_tiny(out: Path) -> Manifest:
         ))
     manifest = Manifest(model_name="tiny", dtype="float32", backbone=TINY_BACKBONE,
                         heads=tuple(heads), chat_template=CHATML_TEMPLATE)
-    model = MultiHeadModel.random(manifest, seed=SEED)
+    model = MultiHeadModel.random(manifest, seed=SEED, backbone_std=BACKBONE_STD)
     save_checkpoint(out, manifest, model.state_dict_for_save(), files)
     log.info("built tiny model in %s", out)
     return manifest

@@ -39,15 +39,10 @@ def rank_tokens(tokenizer: Tokenizer, texts: Iterable[str]) -> list[int]:
     for enc in counter.encode_batch_fast(list(texts), add_special_tokens=False):
         counts.update(enc.ids)
 
-    order: list[int] = []
-    placed: set[int] = set()
     # Specials and the base are roots: placed as they are, never via ancestry.
     roots = [a["id"] for a in sorted(d["added_tokens"], key=lambda a: a["id"]) if a["special"]]
-    roots += [vocab[t] for t in _base_tokens(d)]
-    for i in roots:
-        if i not in placed:
-            placed.add(i)
-            order.append(i)
+    order = list(dict.fromkeys(roots + [vocab[t] for t in _base_tokens(d)]))
+    placed = set(order)
 
     def key(i: int) -> tuple[int, int, int]:
         rank = producer[tokens[i]][0] if tokens[i] in producer else -1

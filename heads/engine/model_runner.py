@@ -72,7 +72,7 @@ class ModelRunner:
         tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]  # 0: masked
         meta = AttentionMetadata.decode(
             self._tensor(slots),
-            self._tensor(tables).view(len(seqs), width),
+            self._tensor([i for row in tables for i in row]).view(len(seqs), width),
             self._tensor([s.num_tokens for s in seqs]),
         )
         return ids, positions, meta, list(range(len(seqs)))

@@ -1,7 +1,8 @@
 """Continuous batching: each step is either one prefill batch or one decode batch.
 
 - Prefill first: waiting sequences are admitted in FIFO order while the token budget, the
-  sequence cap and the free blocks allow. A prompt is never chunked.
+  sequence cap and the free blocks allow. A prompt is never chunked; one longer than the
+  budget is prefilled alone.
 - Otherwise decode every running sequence. When a sequence cannot get a block for its next
   token, the most recently admitted running sequence is preempted by recompute: its blocks
   are freed and it goes back to the front of the queue, to be prefilled again over prompt +
@@ -46,14 +47,9 @@ class Scheduler:
                 f"prompt of {len(seq.prompt_ids)} tokens leaves no room under max_model_len "
                 f"{self.max_model_len}"
             )
-        # Worst case: every output token is produced, and a late recompute re-prefills all of
-        # them. The last sampled token never needs KV, but counting it keeps this simple.
+        # Worst case: every output token is produced and then a preemption re-prefills them
+        # all. The last sampled token never needs KV, but counting it keeps this simple.
         worst = min(len(seq.prompt_ids) + seq.max_tokens, self.max_model_len)
-        if worst > self.max_num_batched_tokens:
-            raise EngineOverloaded(
-                f"request needs up to {worst} tokens in one prefill, above "
-                f"max_num_batched_tokens {self.max_num_batched_tokens}"
-            )
         need = blocks_for(worst, self.block_manager.block_size)
         if need > self.block_manager.num_blocks:
             raise EngineOverloaded(
@@ -76,7 +72,9 @@ class Scheduler:
         tokens = 0
         while self.waiting and len(self.running) + len(batch) < self.max_num_seqs:
             seq = self.waiting[0]
-            if tokens + seq.num_tokens > self.max_num_batched_tokens:
+            # The token budget bounds batching only: a sequence longer than the budget (a long
+            # prompt, or a recompute after many outputs) still runs, alone.
+            if batch and tokens + seq.num_tokens > self.max_num_batched_tokens:
                 break
             if not self.block_manager.can_allocate(seq):
                 break

@@ -116,7 +116,11 @@ def test_requests_that_can_never_fit_are_refused(prompt: int, max_tokens: int) -
     assert s.is_idle
 
 
-def test_prefill_budget_refusal() -> None:
-    s = _sched(blocks=64, max_tokens=16)
-    with pytest.raises(EngineOverloaded):
-        s.add(_seq(10, max_tokens=10))  # a recompute could need 20 tokens in one prefill
+def test_a_prompt_over_the_token_budget_runs_alone() -> None:
+    s = _sched(blocks=64, max_tokens=8)
+    small, big, after = _seq(3), _seq(12), _seq(3)
+    for q in (small, big, after):
+        s.add(q)
+    assert s.schedule() == ([small], True)  # big would pass the budget in company
+    assert s.schedule() == ([big], True)  # alone it runs anyway
+    assert s.schedule() == ([after], True)
