@@ -1,0 +1,19 @@
+"""polyhead bench ...: benchmarks. Each prints a table, writes JSON/CSV and a PNG, and reports
+ratios against a baseline measured in the same run. Benchmarks never assert speed.
+
+Each benchmark is a module in server/commands/ with `register_bench(bench_subparsers)`;
+list it in BENCHES.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+BENCHES: tuple = ()
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="benchmarks (tables, JSON/CSV, PNG)")
+    bsub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
+    for module in BENCHES:
+        module.register_bench(bsub)

@@ -1,0 +1,2 @@
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit status 2."""

@@ -1,0 +1,32 @@
+"""polyhead serve: the OpenAI-compatible gateway."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible gateway")
+    serve.add_argument("--model", help="checkpoint directory, or 'tiny' (default)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8000)")
+    serve.add_argument("--config", type=Path, help="settings file (.toml or .json)")
+    serve.set_defaults(run=_serve)
+
+
+def _serve(args: argparse.Namespace) -> None:
+    from heads.checkpoint import validate_checkpoint
+    from server.app import create_app
+    from server.logging_setup import configure_logging
+    from server.model_source import resolve_model_dir
+    from server.serving import serve
+    from server.settings import load_settings
+
+    flags = {k: v for k, v in (("model", args.model), ("host", args.host),
+                               ("port", args.port)) if v is not None}
+    settings = load_settings(args.config, **flags)
+    configure_logging(settings.log_format, settings.log_level)
+    # Fail fast, with one line, before uvicorn starts: the lifespan would print a traceback.
+    validate_checkpoint(resolve_model_dir(settings.model, settings.cache_dir))
+    serve(create_app(settings), settings)
