@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: serve test install install-test lint clean
+.PHONY: serve test install install-test lint clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,11 @@ lint: install-test
 	$(BIN)/ruff check server router heads kernels tests
 	$(BIN)/mypy router server
 
-test: lint
+# Integration tests start Debian's redis-server and prometheus for real.
+system-deps:
+	scripts/install-system-deps.sh
+
+test: lint system-deps
 	$(BIN)/python -m pytest $(ARGS)
 
 clean:

@@ -81,13 +81,15 @@ def validate_checkpoint(directory: Path) -> Manifest:
     return manifest
 
 
-def load_checkpoint(directory: Path, device: str = "cpu") -> Checkpoint:
+def load_checkpoint(
+    directory: Path, device: str = "cpu", compute_dtype: str | None = None
+) -> Checkpoint:
     manifest = validate_checkpoint(directory)
     tensors: dict[str, torch.Tensor] = {}
     with safe_open(str(directory / manifest.weights), framework="pt", device=device) as f:
         for k in f.keys():  # noqa: SIM118
             tensors[k] = f.get_tensor(k)
-    model = MultiHeadModel(manifest, tensors)
+    model = MultiHeadModel(manifest, tensors, compute_dtype)
     return Checkpoint(directory, manifest, model, _load_tokenizers(directory, manifest))
 
 

@@ -20,3 +20,11 @@ class EngineOverloaded(EngineError):
 
 class EngineStopped(EngineError):
     """The engine is shutting down and takes no new requests."""
+
+
+class CorpusError(HeadsError):
+    """A corpus source cannot be fetched, unpacked or read."""
+
+
+class FetchError(HeadsError):
+    """A named model cannot be downloaded, verified or converted (network, checksum, disk)."""

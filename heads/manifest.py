@@ -17,6 +17,7 @@ FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 ARCHITECTURES = ("llama", "gemma3")
 DTYPES = ("float32", "bfloat16", "float16")
+LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +29,16 @@ class BackboneConfig:
     num_kv_heads: int
     head_dim: int
     intermediate_size: int
-    rope_theta: float = 10000.0
+    rope_theta: float = 10000.0  # global (full-attention) layers
     rms_norm_eps: float = 1e-5
     max_position_embeddings: int = 2048
+    # Gemma-3 only; the defaults keep Llama manifests unchanged.
+    sliding_window: int | None = None  # keys a sliding layer's query sees, itself included
+    layer_types: tuple[str, ...] = ()  # per layer, one of LAYER_TYPES; () = all full attention
+    rope_local_theta: float | None = None  # RoPE base of sliding layers; None = rope_theta
+    rope_linear_factor: float | None = None  # linear RoPE scaling of full-attention layers
+    query_pre_attn_scalar: float | None = None  # scores scale by its -1/2; None = head_dim
+    final_logit_softcapping: float | None = None
 
     def validate(self, where: str) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -41,6 +49,19 @@ class BackboneConfig:
                 raise CheckpointError(f"{where}.{name}: must be > 0")
         if self.num_heads % self.num_kv_heads:
             raise CheckpointError(f"{where}.num_kv_heads: must divide num_heads")
+        for name in ("sliding_window", "rope_local_theta", "rope_linear_factor",
+                     "query_pre_attn_scalar", "final_logit_softcapping"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise CheckpointError(f"{where}.{name}: must be > 0 or null")
+        if self.layer_types:
+            if len(self.layer_types) != self.num_layers:
+                raise CheckpointError(f"{where}.layer_types: need one entry per layer")
+            bad = [t for t in self.layer_types if t not in LAYER_TYPES]
+            if bad:
+                raise CheckpointError(f"{where}.layer_types: {bad[0]!r} not in {LAYER_TYPES}")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise CheckpointError(f"{where}.sliding_window: sliding layers need a window")
 
     @property
     def kv_bytes_per_token_per_elem(self) -> int:
@@ -207,8 +228,9 @@ def _check_type(value: Any, annotation: str, where: str) -> Any:
             return None
         raise CheckpointError(f"{where}: must not be null")
     if base.startswith("tuple["):
-        if not isinstance(value, list) or not all(_is(v, (int,)) for v in value):
-            raise CheckpointError(f"{where}: expected a list of integers")
+        item, label = ((str,), "strings") if base.startswith("tuple[str") else ((int,), "integers")
+        if not isinstance(value, list) or not all(_is(v, item) for v in value):
+            raise CheckpointError(f"{where}: expected a list of {label}")
         return tuple(value)
     kinds = _SCALARS.get(base)
     if kinds is not None and not _is(value, kinds):

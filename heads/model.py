@@ -2,7 +2,7 @@
 
 Tensor names (the checkpoint's safetensors keys):
 
-- `backbone.<key>`: the backbone, keys as documented in `heads/llama.py`;
+- `backbone.<key>`: the backbone, keys as documented in `heads/llama.py` / `heads/gemma3.py`;
 - the matrix names that `HeadSpec.embedding` / `HeadSpec.unembedding` refer to, for example
   `matrices.shared` [V_max, d]. A name used by several heads or roles is stored once (tied),
   and head h reads rows [0, V_h) of it (Matryoshka order).
@@ -17,6 +17,7 @@ from torch import nn
 
 from heads.attention import AttentionMetadata, KVCache
 from heads.errors import CheckpointError
+from heads.gemma3 import Gemma3Backbone
 from heads.llama import LlamaBackbone
 from heads.manifest import HeadSpec, Manifest
 
@@ -29,6 +30,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def build_backbone(manifest: Manifest) -> nn.Module:
     if manifest.backbone.architecture == "llama":
         return LlamaBackbone(manifest.backbone)
+    if manifest.backbone.architecture == "gemma3":
+        return Gemma3Backbone(manifest.backbone)
     raise CheckpointError(
         f"backbone.architecture: {manifest.backbone.architecture!r} is not supported by the "
         "local engine"
@@ -36,11 +39,18 @@ def build_backbone(manifest: Manifest) -> nn.Module:
 
 
 class MultiHeadModel(nn.Module):
-    def __init__(self, manifest: Manifest, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, manifest: Manifest, tensors: dict[str, torch.Tensor], compute_dtype: str | None = None
+    ) -> None:
+        """`compute_dtype` overrides the stored dtype: on CPU, bf16 weights run faster upcast
+        once to float32 than converted per step (no native bf16 GEMM with fp32 output)."""
         super().__init__()
         manifest.validate()
         self.manifest = manifest
-        self.dtype = _DTYPES[manifest.dtype]
+        self.dtype_name = compute_dtype or manifest.dtype
+        if self.dtype_name not in _DTYPES:
+            raise CheckpointError(f"compute dtype {self.dtype_name!r} not in {sorted(_DTYPES)}")
+        self.dtype = _DTYPES[self.dtype_name]
         self.heads: dict[str, HeadSpec] = {h.name: h for h in manifest.heads}
         self.backbone = build_backbone(manifest)
         self._load_backbone(tensors)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -24,25 +24,49 @@ log = logging.getLogger(__name__)
 Merge = tuple[str, str]
 
 
-def rank_tokens(tokenizer: Tokenizer, texts: Iterable[str]) -> list[int]:
+def count_tokens(tokenizer: Tokenizer, texts: Iterable[str]) -> Counter[int]:
+    """How often each id occurs when the texts are encoded (special-token text is matched)."""
+    d = _load(tokenizer)
+    counter = Tokenizer.from_str(json.dumps({**d, "truncation": None, "padding": None}))
+    counts: Counter[int] = Counter()
+    for enc in counter.encode_batch_fast(list(texts), add_special_tokens=False):
+        counts.update(enc.ids)
+    return counts
+
+
+def rank_tokens(
+    tokenizer: Tokenizer,
+    texts: Iterable[str] | Counter[int],
+    keep_first: Collection[str] | None = None,
+) -> list[int]:
     """Old ids in Matryoshka order: specials, base alphabet, then by corpus frequency.
 
     Frequency ties go to the lower merge rank (base-like tokens, made by no merge, first).
     Each token is preceded by the parents of the first merge that makes it, recursively.
+    `texts` may be the counts of `count_tokens` instead.
+
+    With `keep_first`, only the specials it names and those seen in the texts lead; the
+    other special tokens (reserved `<unusedN>` and the like) go last, after every ordinary
+    token, so small heads are not filled with ids the text never uses. Trim such an order
+    with `trim_tokenizer(..., keep_all_specials=False)`.
     """
     d = _load(tokenizer)
     tokens = _id_to_token(d)
     vocab = d["model"]["vocab"]
     producer = _producers(d)
-    counter = Tokenizer.from_str(json.dumps({**d, "truncation": None, "padding": None}))
-    counts: Counter[int] = Counter()
-    for enc in counter.encode_batch_fast(list(texts), add_special_tokens=False):
-        counts.update(enc.ids)
+    counts = texts if isinstance(texts, Counter) else count_tokens(tokenizer, texts)
 
     # Specials and the base are roots: placed as they are, never via ancestry.
-    roots = [a["id"] for a in sorted(d["added_tokens"], key=lambda a: a["id"]) if a["special"]]
-    order = list(dict.fromkeys(roots + [vocab[t] for t in _base_tokens(d)]))
-    placed = set(order)
+    specials = [a for a in sorted(d["added_tokens"], key=lambda a: a["id"]) if a["special"]]
+    base = [vocab[t] for t in _base_tokens(d)]
+    last: list[int] = []
+    if keep_first is not None:
+        last = [a["id"] for a in specials if a["content"] not in keep_first
+                and not counts[a["id"]] and a["id"] not in base]
+    demoted = set(last)
+    roots = [a["id"] for a in specials if a["id"] not in demoted]
+    order = list(dict.fromkeys(roots + base))
+    placed = set(order) | demoted
 
     def key(i: int) -> tuple[int, int, int]:
         rank = producer[tokens[i]][0] if tokens[i] in producer else -1
@@ -63,7 +87,9 @@ def rank_tokens(tokenizer: Tokenizer, texts: Iterable[str]) -> list[int]:
             if tokens[i] in producer:
                 _, a, b = producer[tokens[i]]
                 stack += [(vocab[b], False), (vocab[a], False)]
-    log.debug("ranked %d tokens, %d seen in the corpus", len(order), len(counts))
+    order += last
+    log.debug("ranked %d tokens, %d seen in the corpus, %d specials last",
+              len(order), len(counts), len(last))
     return order
 
 
@@ -89,8 +115,15 @@ def reorder_tokenizer(tokenizer: Tokenizer, order: list[int]) -> tuple[Tokenizer
     return _build(d), list(order)
 
 
-def trim_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> Tokenizer:
-    """Keep ids [0, vocab_size) of a tokenizer already in Matryoshka order; ids do not move."""
+def trim_tokenizer(
+    tokenizer: Tokenizer, vocab_size: int, keep_all_specials: bool = True
+) -> Tokenizer:
+    """Keep ids [0, vocab_size) of a tokenizer already in Matryoshka order; ids do not move.
+
+    The base is always required. Special tokens are too unless `keep_all_specials` is False
+    (an order from `rank_tokens(..., keep_first=...)` puts reserved specials last); the ids
+    the post-processor or padding name are required either way.
+    """
     d = _load(tokenizer)
     tokens = _id_to_token(d)
     if vocab_size >= len(tokens):
@@ -98,7 +131,9 @@ def trim_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> Tokenizer:
     model = d["model"]
     vocab: dict[str, int] = model["vocab"]
     cut = [t for t in _base_tokens(d) if vocab[t] >= vocab_size]
-    cut += [a["content"] for a in d["added_tokens"] if a["special"] and a["id"] >= vocab_size]
+    if keep_all_specials:
+        cut += [a["content"] for a in d["added_tokens"]
+                if a["special"] and a["id"] >= vocab_size]
     if cut:
         raise TokenizerError(
             f"vocab_size {vocab_size} cuts {len(cut)} special or base tokens (e.g. {cut[0]!r}); "

@@ -8,3 +8,11 @@ class InvalidSamplingParams(KernelError):
 
 class ShapeMismatch(KernelError):
     """Hidden states and the weight rows disagree on d, or the group sizes disagree."""
+
+
+class UnknownDevice(KernelError):
+    """No roofline entry for the named device."""
+
+
+class CalibrationError(KernelError):
+    """A calibration file is unreadable or a sweep could not run."""

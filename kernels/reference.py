@@ -78,10 +78,23 @@ def _sample_rows(logits: torch.Tensor, batch: SamplingBatch, rows: torch.Tensor)
 
 
 def unembed_and_sample(
-    hidden: torch.Tensor, weight: torch.Tensor, batch: SamplingBatch
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    batch: SamplingBatch,
+    bias: torch.Tensor | None = None,
 ) -> SampleOutput:
-    """Sample one token per row of hidden [b, d] against the head weight [V, d]."""
+    """Sample one token per row of hidden [b, d] against the head weight [V, d].
+
+    bias: optional additive logit bias or mask (-inf bans a token), [V] or [b, V].
+    """
     logits = compute_logits(hidden, weight)  # [b, V] fp32
+    if bias is not None:
+        logits = logits + bias.to(logits.device, torch.float32)
+    return sample_from_logits(logits, batch)
+
+
+def sample_from_logits(logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
+    """The sampler half of the reference: logits [b, V] fp32 -> one token per row."""
     b = logits.shape[0]
     _check_batch(batch, b)
     # torch.argmax returns the first maximal index: ties go to the lowest id.

@@ -92,3 +92,17 @@ def gumbel(
     k = _shr(hash_bits(seed, position, token_ids), 12)  # top 52 bits; k + 0.5 fits float64
     u = (k.to(torch.float64) + 0.5) * 2.0**-52
     return (-torch.log(-torch.log(u))).to(torch.float32)
+
+
+def row_keys(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """The per-row half of the hash, [b] int64: fused kernels take it as their input."""
+    return _mix64(_mix64(seed.to(torch.int64) + GOLDEN) ^ (position.to(torch.int64) * MIX2))
+
+
+def gumbel_at(seed: torch.Tensor, position: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Gumbel noise at per-row ids [b, n] (e.g. top-k candidates) -> float32 [b, n]; the same
+    values `gumbel` gives at those ids."""
+    row = row_keys(seed, position)  # [b]
+    k = _shr(_mix64(row[:, None] + (token_ids.to(torch.int64) + 1) * GOLDEN), 12)
+    u = (k.to(torch.float64) + 0.5) * 2.0**-52
+    return (-torch.log(-torch.log(u))).to(torch.float32)

@@ -1,49 +1,60 @@
 """Analytic cost model: device-seconds per byte of text, for inference and for training.
 
-Per decode step of a head group of b requests (s = weight bytes per parameter):
+Per decode step of head groups g = (head, b_g requests, ctx_g mean context tokens), with
+s = weight bytes per parameter and B = Σ b_g (the backbone runs once for all groups):
 
-    memory bytes  = N·s (backbone weights) + b·ctx·kv (KV read) + V·d·s (unembedding)
-    FLOPs         = 2·b·(N + V·d)
-    memory time   = memory bytes ÷ BW,  compute time = FLOPs ÷ F
+    resource          bytes / FLOPs                                time
+    backbone weights  N·s                                          ÷ BW
+    KV read           Σ b_g·ctx_g·kv                               ÷ BW
+    unembedding       Σ V_g·d·s                                    ÷ BW
+    sampler traffic   Σ 8·b_g·V_g when the group is compute-bound  ÷ BW
+                      (GEMM + sampler writes and re-reads fp32 logits; the fused streaming
+                      kernel used below the ridge point never materializes them)
+    FLOPs             2·B·N + Σ 2·b_g·V_g·d + 2·Σ b_g·ctx_g·kv/s   ÷ F
+                      (backbone, unembedding, attention QKᵀ and AV over the KV elements)
 
-The three reads share one memory bus, so they are summed into one memory time rather than
-maxed (a max of the separate reads would undercut the roofline). Then:
+The memory resources share one bus, so the optimistic floor maxes their *sum* against
+compute (a max over the separate reads would not be a floor any device reaches); the
+pessimistic floor sums everything (no overlap at all). Both add the per-step launch overhead.
+Uncalibrated, the estimate is their midpoint; `router.calibration` fits measured steps.
 
-    optimistic  = max(memory, compute) + overhead   (perfect overlap: the roofline)
-    pessimistic = memory + compute + overhead       (no overlap)
-    estimate    = (optimistic + pessimistic) / 2    (until calibration fits the blend)
+    C_infer(V, B)     = step_time ÷ (B · bytes_per_token)         device-s per served byte
+    C_train(V)        = 6·(N + V·d) ÷ F ÷ bytes_per_token         device-s per training byte
+    C_lifecycle(V)    = C_train(V) + λ·C_infer(V, B)              device-s per training byte
 
-Sampler traffic is left out: with a fused kernel it is folded into the unembedding read.
-
-    C_infer(V, B)     = step_time ÷ (B · bytes_per_token)     device-s per served byte
-    C_train(V)        = 6·(N + V·d) ÷ F ÷ bytes_per_token     device-s per training byte
-    C_lifecycle(V)    = C_train(V) + λ·C_infer(V, B)          device-s per training byte
+C_train counts 6 FLOP per parameter per training token (forward 2 + backward 4) at the
+device's peak: a floor; a real run at 40–50% MFU costs about twice that, for every V alike.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from router.devices import DeviceSpec
 from router.profiles import HeadProfile, RequestFeatures
 
 log = logging.getLogger(__name__)
 
+LOGIT_BYTES = 8.0  # fp32 logits written by the GEMM and read back by the sampler, per element
+
 
 @dataclass(frozen=True, slots=True)
 class StepCost:
-    """Seconds per decode step of one head group, by resource."""
+    """Seconds per decode step, by resource."""
 
     weights_s: float
     kv_s: float
     unembed_s: float
     compute_s: float
     overhead_s: float
+    sampler_s: float = 0.0
 
     @property
     def memory_s(self) -> float:
-        return self.weights_s + self.kv_s + self.unembed_s
+        return self.weights_s + self.kv_s + self.unembed_s + self.sampler_s
 
     @property
     def optimistic_s(self) -> float:
@@ -57,6 +68,10 @@ class StepCost:
     def estimate_s(self) -> float:
         return 0.5 * (self.optimistic_s + self.pessimistic_s)
 
+    def resources(self) -> dict[str, float]:
+        return {"weights": self.weights_s, "kv": self.kv_s, "unembed": self.unembed_s,
+                "sampler": self.sampler_s, "compute": self.compute_s}
+
 
 @dataclass(frozen=True, slots=True)
 class LifecycleCost:
@@ -69,6 +84,15 @@ class LifecycleCost:
         return self.train + self.lam * self.infer
 
 
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One head group inside an engine step."""
+
+    head: HeadProfile
+    batch: int
+    ctx_tokens: float  # mean KV context per request, tokens
+
+
 def context_tokens(head: HeadProfile, features: RequestFeatures) -> float:
     """Mean KV context of the request during decode, in this head's tokens.
 
@@ -78,36 +102,76 @@ def context_tokens(head: HeadProfile, features: RequestFeatures) -> float:
     return features.prompt_bytes / head.bpt + features.max_tokens / 2
 
 
+def fused_sampler(batch: int, device: DeviceSpec) -> bool:
+    """The fused streaming kernel while the unembedding is memory-bound (intensity ≈ b)."""
+    return batch < device.ridge_point
+
+
+def mixed_step_cost(groups: Sequence[Group], device: DeviceSpec) -> StepCost:
+    if not groups:
+        raise ValueError("a step needs at least one head group")
+    weights = kv = unembed = sampler = flops = 0.0
+    for g in groups:
+        if g.batch < 1:
+            raise ValueError(f"batch must be >= 1, got {g.batch}")
+        if g.ctx_tokens < 0:
+            raise ValueError(f"ctx_tokens must be >= 0, got {g.ctx_tokens}")
+        h, s = g.head, g.head.weight_bytes_per_param
+        # One backbone read per step, whichever group is biggest (heads share the backbone).
+        weights = max(weights, h.backbone_params * s)
+        kv += g.batch * g.ctx_tokens * h.kv_bytes_per_token
+        unembed += h.unembed_params * s
+        if not fused_sampler(g.batch, device):
+            sampler += LOGIT_BYTES * g.batch * h.vocab_size
+        flops += 2.0 * g.batch * (h.backbone_params + h.unembed_params)
+        flops += 2.0 * g.batch * g.ctx_tokens * h.kv_bytes_per_token / s
+    bw = device.mem_bw
+    return StepCost(weights / bw, kv / bw, unembed / bw, flops / device.peak_flops,
+                    device.launch_overhead_s, sampler / bw)
+
+
 def step_cost(head: HeadProfile, device: DeviceSpec, batch: int, ctx_tokens: float) -> StepCost:
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
-    if ctx_tokens < 0:
-        raise ValueError(f"ctx_tokens must be >= 0, got {ctx_tokens}")
-    s = head.weight_bytes_per_param
-    flops = 2.0 * batch * (head.backbone_params + head.unembed_params)
-    return StepCost(
-        weights_s=head.backbone_params * s / device.mem_bw,
-        kv_s=batch * ctx_tokens * head.kv_bytes_per_token / device.mem_bw,
-        unembed_s=head.unembed_params * s / device.mem_bw,
-        compute_s=flops / device.peak_flops,
-        overhead_s=device.launch_overhead_s,
-    )
+    return mixed_step_cost((Group(head, batch, ctx_tokens),), device)
+
+
+class StepTimer(Protocol):
+    """Seconds per decode step for a set of head groups (analytic, or calibrated)."""
+
+    @property
+    def device(self) -> DeviceSpec: ...
+
+    def step_time(self, groups: Sequence[Group]) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AnalyticTimer:
+    device: DeviceSpec
+
+    def step_time(self, groups: Sequence[Group]) -> float:
+        return mixed_step_cost(groups, self.device).estimate_s
+
+
+def _timer(model: DeviceSpec | StepTimer) -> StepTimer:
+    return AnalyticTimer(model) if isinstance(model, DeviceSpec) else model
 
 
 def infer_cost_per_byte(
-    head: HeadProfile, device: DeviceSpec, batch: int, ctx_tokens: float
+    head: HeadProfile, device: DeviceSpec | StepTimer, batch: int, ctx_tokens: float
 ) -> float:
     """C_infer: device-seconds per served byte at group size `batch`."""
-    return step_cost(head, device, batch, ctx_tokens).estimate_s / (batch * head.bpt)
+    t = _timer(device).step_time((Group(head, batch, ctx_tokens),))
+    return t / (batch * head.bpt)
 
 
-def train_cost_per_byte(head: HeadProfile, device: DeviceSpec) -> float:
+def train_cost_per_byte(head: HeadProfile, device: DeviceSpec | StepTimer) -> float:
     """C_train: device-seconds per training byte (6 FLOP per parameter per token, at peak)."""
-    return 6.0 * (head.backbone_params + head.unembed_params) / device.peak_flops / head.bpt
+    peak = _timer(device).device.peak_flops
+    return 6.0 * (head.backbone_params + head.unembed_params) / peak / head.bpt
 
 
 def lifecycle_cost(
-    head: HeadProfile, device: DeviceSpec, batch: int, lam: float, ctx_tokens: float
+    head: HeadProfile, device: DeviceSpec | StepTimer, batch: int, lam: float,
+    ctx_tokens: float,
 ) -> LifecycleCost:
     if lam < 0:
         raise ValueError(f"lambda must be >= 0, got {lam}")

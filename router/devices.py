@@ -1,104 +1,21 @@
-"""Device rooflines: peak dense bf16 FLOP/s, memory bandwidth, per-step overhead."""
+"""Device rooflines for the cost model: a re-export of the one table in `kernels.devices`.
+
+`kernels.devices` is pure Python (no torch), so router stays light. Only lookup_device is
+wrapped, to raise the router's own error.
+"""
 
 from __future__ import annotations
 
-import logging
-import os
-from dataclasses import dataclass
-from pathlib import Path
-
+from kernels.devices import DEVICES, DeviceSpec, detect_cpu
+from kernels.devices import lookup_device as _lookup
+from kernels.errors import UnknownDevice
 from router.errors import RouterError
 
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceSpec:
-    name: str
-    peak_flops: float  # dense bf16 FLOP/s (no sparsity)
-    mem_bw: float  # memory bandwidth, B/s
-    launch_overhead_s: float = 0.0  # fixed host + kernel-launch time per decode step, s
-
-    def __post_init__(self) -> None:
-        if self.peak_flops <= 0 or self.mem_bw <= 0:
-            raise ValueError(f"{self.name}: peak_flops and mem_bw must be > 0")
-        if self.launch_overhead_s < 0:
-            raise ValueError(f"{self.name}: launch_overhead_s must be >= 0")
-
-    @property
-    def ridge_point(self) -> float:
-        """FLOP per byte above which a kernel is compute-bound."""
-        return self.peak_flops / self.mem_bw
-
-
-# Datasheet numbers. Launch overheads are placeholders (tens of kernels per step at ~5 µs)
-# until kernels/ calibration measures them.
-DEVICES: dict[str, DeviceSpec] = {
-    spec.name: spec
-    for spec in (
-        # NVIDIA A10G (AWS G5): 70 TFLOP/s bf16 tensor dense, 600 GB/s GDDR6 -> ρ ≈ 117.
-        DeviceSpec("a10g", 70e12, 600e9, 50e-6),
-        # NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s bf16 dense, 2,039 GB/s HBM2e -> ρ ≈ 153.
-        DeviceSpec("a100-80", 312e12, 2.039e12, 30e-6),
-        # NVIDIA H100 SXM datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3 -> ρ ≈ 295.
-        DeviceSpec("h100-sxm", 989e12, 3.35e12, 20e-6),
-        # NVIDIA H200 datasheet: 989 TFLOP/s bf16 dense, 4.8 TB/s HBM3e -> ρ ≈ 206.
-        DeviceSpec("h200", 989e12, 4.8e12, 20e-6),
-        # Generic server CPU socket (order of a 32-core AVX-512 part): ~2 TFLOP/s bf16,
-        # ~100 GB/s DDR -> ρ = 20, inside the 16-32 range of a Zen-4 socket.
-        DeviceSpec("cpu", 2e12, 100e9, 5e-6),
-    )
-}
+__all__ = ["DEVICES", "DeviceSpec", "detect_cpu", "lookup_device"]
 
 
 def lookup_device(name: str) -> DeviceSpec:
     try:
-        return DEVICES[name]
-    except KeyError:
-        raise RouterError(f"unknown device {name!r} (known: {', '.join(DEVICES)})") from None
-
-
-# bf16 FLOP per cycle per core by the best instruction set present. Assumed peaks: AMX tiles
-# ~1024; AVX512-BF16 2 FMA ports × 16 fp32 lanes × 2 bf16 pairs × 2 FLOP = 128; plain
-# AVX-512 (fp32 FMA, upconverting bf16) 64; AVX2+FMA 32; anything else (e.g. NEON) 16.
-_FLOPS_PER_CYCLE = (("amx_bf16", 1024), ("avx512_bf16", 128), ("avx512f", 64), ("fma", 32))
-_DEFAULT_FLOPS_PER_CYCLE = 16
-_DEFAULT_GHZ = 2.5
-# Bandwidth cannot be read from /proc; assume ~6 GB/s per core, clamped to what a desktop
-# (20 GB/s) to a 12-channel DDR5 socket (460 GB/s) delivers.
-_BW_PER_CORE = 6e9
-_BW_RANGE = (20e9, 460e9)
-
-
-def detect_cpu(cpuinfo: Path = Path("/proc/cpuinfo"), cores: int | None = None) -> DeviceSpec:
-    """A rough roofline for this CPU: cores × clock × FLOP/cycle, bandwidth from core count.
-
-    Treats every logical CPU from os.cpu_count() as a core (SMT overcounts compute) and the
-    reported current clock as sustained. Good enough to place the ridge point; calibration
-    replaces it.
-    """
-    text = cpuinfo.read_text() if cpuinfo.exists() else ""
-    flags: set[str] = set()
-    mhz, model = 0.0, "cpu"
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key in ("flags", "Features") and not flags:
-            flags = set(value.split())
-        elif key == "cpu MHz" and not mhz:
-            mhz = float(value or 0)
-        elif key == "model name" and model == "cpu":
-            model = value
-    n = cores if cores is not None else (os.cpu_count() or 1)
-    per_cycle = next((f for flag, f in _FLOPS_PER_CYCLE if flag in flags), _DEFAULT_FLOPS_PER_CYCLE)
-    ghz = mhz / 1000 if mhz > 0 else _DEFAULT_GHZ
-    bw = min(max(n * _BW_PER_CORE, _BW_RANGE[0]), _BW_RANGE[1])
-    spec = DeviceSpec(f"cpu:{model}", n * ghz * 1e9 * per_cycle, bw, 5e-6)
-    log.debug(
-        "detected %s: %.3g FLOP/s, %.3g B/s, ridge %.1f",
-        spec.name,
-        spec.peak_flops,
-        spec.mem_bw,
-        spec.ridge_point,
-    )
-    return spec
+        return _lookup(name)
+    except UnknownDevice as e:
+        raise RouterError(str(e)) from None

@@ -23,3 +23,27 @@ class UnknownHead(RouterError):
         super().__init__(f"unknown head {head!r} (known: {', '.join(known)})")
         self.head = head
         self.known = tuple(known)
+
+
+class HeadUnavailable(RouterError):
+    """The request needs a head that an operator drained, or every head is drained."""
+
+
+class VersionConflict(RouterError):
+    """A policy change named a version that is no longer the active one (optimistic locking)."""
+
+    def __init__(self, expected: int, active: int) -> None:
+        super().__init__(f"policy version {expected} is stale; the active version is {active}")
+        self.expected = expected
+        self.active = active
+
+
+class AdmissionRejected(RouterError):
+    """The KV budget is full and the bounded queue could not place the request in time."""
+
+    def __init__(self, head: str, retry_after_s: int, why: str) -> None:
+        super().__init__(f"head {head} is at its KV-cache limit ({why}); "
+                         f"retry after {retry_after_s} s")
+        self.head = head
+        self.retry_after_s = retry_after_s
+        self.why = why

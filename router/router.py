@@ -5,17 +5,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from router.cost import AnalyticTimer, StepTimer
+from router.decisions import DEFAULT_CAPACITY, DecisionLog
 from router.devices import DeviceSpec
-from router.errors import RouterError, UnknownHead
-from router.policy import Decision, Policy, PolicySpec, build_policy, parse_policy
+from router.errors import HeadUnavailable, RouterError, UnknownHead, VersionConflict
+from router.policies import live_batch
+from router.policy import Decision, Policy, PolicySpec, build_policy, inputs_of, parse_policy
 from router.profiles import HeadProfile, RequestFeatures
+from router.stability import Clock
 from router.state import LiveState
 
 log = logging.getLogger(__name__)
+
+RECENT_REQUESTS = 256  # decisions kept for policy dry runs
+POLICY_HISTORY = 16  # previous policies kept for rollback
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +43,9 @@ class Router:
         device: DeviceSpec,
         state: LiveState,
         policy_doc: Mapping[str, Any],
+        timer: StepTimer | None = None,  # calibrated step times; default: the analytic model
+        clock: Clock = time.monotonic,  # for dwell and switch caps; the simulator's sim time
+        decision_log: int = DEFAULT_CAPACITY,
     ) -> None:
         names = [p.name for p in profiles]
         if not names:
@@ -46,10 +57,16 @@ class Router:
         self.profiles = tuple(profiles)
         self.device = device
         self.state = state
+        self.timer: StepTimer = timer or AnalyticTimer(device)
+        self.clock = clock
+        self.decisions = DecisionLog(decision_log)
         self._heads = tuple(names)
         self._lock = threading.Lock()  # serializes writers; readers take self._active as is
         spec = parse_policy(policy_doc, self._heads)
-        self._active = _Active(spec, build_policy(spec, device), 1, "startup", time.time())
+        self._active = _Active(spec, self._build(spec), 1, "startup", time.time())
+        self._history: deque[_Active] = deque(maxlen=POLICY_HISTORY)
+        self._recent: deque[tuple[RequestFeatures, Decision]] = deque(maxlen=RECENT_REQUESTS)
+        self._drained: frozenset[str] = frozenset()
 
     @property
     def heads(self) -> tuple[str, ...]:
@@ -71,24 +88,125 @@ class Router:
     def changed_at(self) -> float:
         return self._active.changed_at
 
-    def set_policy(self, doc: Mapping[str, Any], actor: str) -> int:
-        """Validate, then swap in the new policy atomically; returns the new version."""
+    @property
+    def drained(self) -> frozenset[str]:
+        return self._drained
+
+    @property
+    def can_rollback(self) -> bool:
+        return bool(self._history)
+
+    def set_policy(
+        self, doc: Mapping[str, Any], actor: str, expected_version: int | None = None
+    ) -> int:
+        """Validate, then swap in the new policy atomically; returns the new version.
+
+        With `expected_version`, the swap happens only if that version is still active.
+        """
         spec = parse_policy(doc, self._heads)  # raises InvalidPolicy; nothing changes then
-        policy = build_policy(spec, self.device)
+        return self._swap(spec, actor, expected_version)
+
+    def rollback(self, actor: str, expected_version: int | None = None) -> int:
+        """Re-activate the previous policy under a new version number."""
+        if not self._history:
+            raise RouterError("no previous policy to roll back to")
+        return self._swap(self._history[-1].spec, actor, expected_version, rollback=True)
+
+    def _build(self, spec: PolicySpec) -> Policy:
+        return build_policy(spec, self.timer, self.clock)
+
+    @property
+    def spill_allowed(self) -> bool:
+        return bool(getattr(self._active.spec.params, "spill", False))
+
+    @property
+    def active_policy(self) -> Policy:
+        return self._active.policy
+
+    def _swap(
+        self, spec: PolicySpec, actor: str, expected: int | None, rollback: bool = False
+    ) -> int:
+        policy = self._build(spec)
         with self._lock:
-            version = self._active.version + 1
-            self._active = _Active(spec, policy, version, actor, time.time())
-        log.info("policy v%d set by %s: %s", version, actor, spec.to_doc())
-        return version
+            old = self._active
+            if expected is not None and expected != old.version:
+                raise VersionConflict(expected, old.version)
+            if rollback:
+                self._history.pop()
+            else:
+                self._history.append(old)
+            self._active = _Active(spec, policy, old.version + 1, actor, time.time())
+        log.info("policy v%d set by %s: %s", old.version + 1, actor, spec.to_doc())
+        return old.version + 1
+
+    def set_drained(self, head: str, drained: bool) -> None:
+        """Take a head out of routing (or back in); requests already routed keep running."""
+        if head not in self._heads:
+            raise UnknownHead(head, self._heads)
+        with self._lock:
+            self._drained = self._drained | {head} if drained else self._drained - {head}
+
+    def recent(self, n: int = RECENT_REQUESTS) -> list[tuple[RequestFeatures, Decision]]:
+        return list(self._recent)[-n:] if n > 0 else []
+
+    def dry_run(self, doc: Mapping[str, Any], n: int = RECENT_REQUESTS) -> list[Decision]:
+        """Decisions a candidate policy would make on the last `n` requests, at today's state."""
+        spec = parse_policy(doc, self._heads)
+        policy = self._build(spec)
+        out = []
+        for features, _ in self.recent(n):
+            pinned = features.pinned_head
+            if pinned is not None:
+                out.append(Decision(pinned, "request_pin", 0, "request pin", {}))
+                continue
+            profiles = self._routable()
+            c = policy.decide(features, self.state.snapshot(), profiles)
+            out.append(Decision(c.head, spec.name, 0, c.reason, c.costs, c.code))
+        return out
+
+    def _routable(self) -> tuple[HeadProfile, ...]:
+        drained = self._drained
+        profiles = tuple(p for p in self.profiles if p.name not in drained)
+        if not profiles:
+            raise HeadUnavailable("every head is drained")
+        return profiles
 
     def decide(self, features: RequestFeatures) -> Decision:
+        decision = self._decide(features)
+        self._recent.append((features, decision))
+        self.decisions.append(decision)
+        return decision
+
+    def routable(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self._routable())
+
+    def spill(self, decision: Decision, head: str, why: str) -> Decision:
+        """Record that admission moved a request off its chosen head (policy allows spill)."""
+        if head not in self._heads:
+            raise UnknownHead(head, self._heads)
+        moved = Decision(head, decision.policy, decision.version,
+                         f"spill: {why}; was {decision.head} ({decision.reason})",
+                         decision.costs, "spill", decision.inputs, time.time())
+        self.decisions.append(moved)
+        return moved
+
+    def _decide(self, features: RequestFeatures) -> Decision:
         active = self._active
         if features.pinned_head is not None:
             if features.pinned_head not in self._heads:
                 raise UnknownHead(features.pinned_head, self._heads)
+            if features.pinned_head in self._drained:
+                raise HeadUnavailable(f"head {features.pinned_head} is drained")
             reason = (
                 f"request pinned {features.pinned_head}; overrides the {active.spec.name} policy"
             )
-            return Decision(features.pinned_head, "request_pin", active.version, reason, {})
-        head, reason, costs = active.policy.decide(features, self.state.snapshot(), self.profiles)
-        return Decision(head, active.spec.name, active.version, reason, costs)
+            snap = self.state.snapshot()
+            return Decision(features.pinned_head, "request_pin", active.version, reason, {},
+                            "request_pin", inputs_of(snap, live_batch(snap)), time.time())
+        profiles = self._routable()
+        snap = self.state.snapshot()
+        c = active.policy.decide(features, snap, profiles)
+        if c.head in self._drained:  # a pinned policy whose head an operator drained
+            raise HeadUnavailable(f"policy {active.spec.name} routes to drained head {c.head}")
+        return Decision(c.head, active.spec.name, active.version, c.reason, c.costs, c.code,
+                        inputs_of(snap, live_batch(snap)), time.time())

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from heads.checkpoint import load_checkpoint
-from server.backends.local import LocalBackend
+from server.audit import AuditLog
+from server.auth import admin_keyring, client_keyring
+from server.backends.factory import make_backend
 from server.body_limit import BodyLimitMiddleware
 from server.errors import install_error_handlers
+from server.gateway_middleware import GatewayMiddleware
 from server.lifecycle import Lifecycle, Phase
 from server.metrics import Metrics
 from server.model_source import resolve_model_dir
-from server.routes import admin, health, metrics, models, openai_api
+from server.ops_wiring import client_services
+from server.routes import admin, admin_ops, admin_routing, health, metrics, models, openai_api
+from server.routing import routing_services
 from server.service import GatewayService, Limits
 from server.settings import Settings
-from server.wiring import build_router, engine_config
+from server.wiring import build_router, compute_dtype, engine_config
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +34,9 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         lifecycle: Lifecycle = app.state.lifecycle
         model_dir = resolve_model_dir(settings.model, settings.cache_dir)
-        ckpt = load_checkpoint(model_dir)
+        ckpt = load_checkpoint(model_dir, compute_dtype=compute_dtype(settings))
         econf = engine_config(settings, ckpt.manifest)
-        backend = LocalBackend(ckpt.model, econf, settings.torch_threads)
+        backend = make_backend(settings, ckpt, econf)
         router, state = build_router(ckpt.manifest, settings)
         metrics_ = Metrics()
         metrics_.set_policy(router.policy_doc["name"], router.version, router.changed_by)
@@ -39,7 +45,11 @@ def create_app(settings: Settings) -> FastAPI:
             ckpt.manifest, ckpt.tokenizers, backend, router, state, metrics_,
             Limits.from_settings(settings, econf.model_len(ckpt.manifest.backbone)),
         )
+        for head in ckpt.manifest.head_names:
+            metrics_.head_up.labels(head).set(1)
         await backend.start()
+        await app.state.ops.enter_async_context(client_services(app, settings, metrics_))
+        await app.state.ops.enter_async_context(routing_services(app, settings))
         lifecycle.phase = Phase.READY
         heads = ", ".join(f"{h.name} (V={h.vocab_size})" for h in ckpt.manifest.heads)
         log.info("model %s from %s; heads: %s; policy: %s v%d",
@@ -50,13 +60,25 @@ def create_app(settings: Settings) -> FastAPI:
             yield
         finally:
             lifecycle.phase = Phase.DRAINING
+            await app.state.ops.aclose()
             await backend.stop()
 
     app = FastAPI(title="polyhead", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     app.state.lifecycle = Lifecycle()
+    app.state.ops = AsyncExitStack()  # services entered in the lifespan, closed in reverse
+    app.state.admin_keys = admin_keyring(settings)
+    app.state.client_keys = client_keyring(settings)
+    app.state.audit = AuditLog(settings.audit_log or settings.cache_dir / "audit.jsonl")
     install_error_handlers(app)
-    for r in (openai_api.router, models.router, health.router, metrics.router, admin.router):
+    for r in (openai_api.router, models.router, health.router, metrics.router, admin.router,
+              admin_ops.router, admin_routing.router):
         app.include_router(r)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if settings.cors_allow_origins:  # off by default: no CORS headers at all
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_allow_origins,
+                           allow_methods=["GET", "POST"], allow_headers=["*"])
+    # Outermost: the request id and latency cover every other middleware's answers too.
+    app.add_middleware(GatewayMiddleware, lifecycle=app.state.lifecycle,
+                       max_inflight=settings.max_inflight_requests)
     return app

@@ -8,11 +8,11 @@ import sys
 from pydantic import ValidationError
 
 from heads.errors import HeadsError
-from server.commands import bench, heads, model, serve
+from server.commands import bench, corpus, heads, kernels, model, serve, simulate
 from server.commands.errors import CliError
 
 # Command groups in `--help` order; each module has `register(subparsers)`.
-COMMANDS = (serve, model, heads, bench)
+COMMANDS = (serve, model, heads, corpus, kernels, simulate, bench)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from router.router import Router
+from server.audit import AuditLog
+from server.auth import KeyRing, bearer
+from server.client_guard import ClientGuard
 from server.errors import Forbidden, Unauthorized
 from server.lifecycle import Lifecycle
 from server.metrics import Metrics
@@ -44,17 +46,40 @@ def get_router(service: ServiceDep) -> Router:
 RouterDep = Annotated[Router, Depends(get_router)]
 
 
-def require_admin(request: Request, settings: SettingsDep) -> str:
-    """Bearer-token guard for /admin; returns the actor name recorded in the audit trail."""
-    if settings.admin_token is None:
+def require_admin(request: Request) -> str:
+    """Bearer-token guard for /admin; returns the token's name, the audit trail's actor."""
+    keys: KeyRing = request.app.state.admin_keys
+    if not keys:
         raise Forbidden("the admin API is disabled: set POLYHEAD_ADMIN_TOKEN to enable it")
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    expected = settings.admin_token.get_secret_value().encode()
-    # compare_digest keeps the comparison time independent of where the tokens differ.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+    token = bearer(request.headers.get("authorization", ""))
+    # KeyRing.match compares in constant time (hmac.compare_digest against every key).
+    actor = keys.match(token) if token else None
+    if actor is None:
         raise Unauthorized("missing or invalid admin token",
                            headers={"WWW-Authenticate": "Bearer"})
-    return settings.admin_actor
+    return actor
 
 
 AdminDep = Annotated[str, Depends(require_admin)]
+
+
+def get_guard(request: Request) -> ClientGuard:
+    return request.app.state.guard
+
+
+GuardDep = Annotated[ClientGuard, Depends(get_guard)]
+
+
+def require_client(request: Request, guard: GuardDep) -> str:
+    """The client API key's name (401 when keys are configured and none matches)."""
+    return guard.authenticate(request.headers.get("authorization", ""))
+
+
+ClientDep = Annotated[str, Depends(require_client)]
+
+
+def get_audit(request: Request) -> AuditLog:
+    return request.app.state.audit
+
+
+AuditDep = Annotated[AuditLog, Depends(get_audit)]

@@ -16,7 +16,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from heads.errors import EngineError, EngineOverloaded, EngineStopped, TokenizerError
 from kernels.errors import KernelError
-from router.errors import InvalidPolicy, RouterError, UnknownHead
+from router.errors import (
+    AdmissionRejected,
+    HeadUnavailable,
+    InvalidPolicy,
+    RouterError,
+    UnknownHead,
+    VersionConflict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +70,17 @@ class Unavailable(APIError):
     status, type, code = 503, "server_error", "unavailable"
 
 
+class TooManyRequests(APIError):
+    """429; `reason` labels polyhead_admission_rejections_total (rate_limit, inflight, ...)."""
+
+    status, type, code = 429, "rate_limit_error", "rate_limit_exceeded"
+
+    def __init__(self, message: str, param: str | None = None, headers: dict | None = None,
+                 reason: str = "other") -> None:
+        super().__init__(message, param, headers)
+        self.reason = reason
+
+
 class InternalError(APIError):
     status, type, code = 500, "server_error", "internal_error"
 
@@ -91,6 +109,13 @@ def to_api_error(exc: Exception) -> APIError:
         return NotFound(str(exc), param="model")
     if isinstance(exc, InvalidPolicy):
         return InvalidPolicyRequest(str(exc), param=exc.field)
+    if isinstance(exc, VersionConflict):
+        return Conflict(str(exc), param="if-match")
+    if isinstance(exc, HeadUnavailable):
+        return Unavailable(str(exc), param="model")
+    if isinstance(exc, AdmissionRejected):
+        return TooManyRequests(str(exc), headers={"Retry-After": str(exc.retry_after_s)},
+                               reason="kv_budget")
     if isinstance(exc, EngineOverloaded):
         # The request can never fit the KV cache: a client error, like vLLM's context-length 400.
         return BadRequest(str(exc), param="max_tokens")
@@ -112,7 +137,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        if isinstance(exc, TooManyRequests):  # read by the gateway middleware's metrics
+            request.scope["polyhead.reject_reason"] = exc.reason
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -135,8 +162,10 @@ def install_error_handlers(app: FastAPI) -> None:
     for domain in (RouterError, EngineError, KernelError, TokenizerError):
 
         @app.exception_handler(domain)
-        async def _domain(_: Request, exc: Exception) -> JSONResponse:
+        async def _domain(request: Request, exc: Exception) -> JSONResponse:
             err = to_api_error(exc)
+            if isinstance(err, TooManyRequests):  # e.g. router.errors.AdmissionRejected
+                request.scope["polyhead.reject_reason"] = err.reason
             if err.status >= 500:
                 log.error("request failed: %s", exc, exc_info=exc)
             return error_response(err)

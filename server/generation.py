@@ -10,9 +10,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from heads.engine.llm_engine import GenerationRequest
+from heads.engine.llm_engine import GenerationRequest, TokenEvent
 from heads.tokenizer import HeadTokenizer, IncrementalDetokenizer
 from server.backends.base import Backend
+from server.request_context import add_engine_time
 from server.stop_strings import StopStringMatcher
 
 
@@ -34,6 +35,28 @@ class Outcome:
     first_token_at: float | None = None
     finish_reason: str | None = None
     parts: list[str] = field(default_factory=list)
+    submitted_at: float | None = None  # handed to the engine
+    engine_s: float = 0.0  # time spent waiting on the engine's stream
+    itl: list[float] = field(default_factory=list)  # gaps between tokens, s
+
+
+async def _timed(stream: AsyncIterator[TokenEvent], outcome: Outcome) -> AsyncIterator[TokenEvent]:
+    """Yield the engine's events, adding the time spent waiting on each to outcome.engine_s."""
+    it = aiter(stream)
+    last = None
+    while True:
+        t0 = time.perf_counter()
+        try:
+            event = await anext(it)
+        except StopAsyncIteration:
+            outcome.engine_s += time.perf_counter() - t0
+            return
+        now = time.perf_counter()
+        outcome.engine_s += now - t0
+        if last is not None:
+            outcome.itl.append(now - last)
+        last = now
+        yield event
 
 
 async def generate_text(
@@ -47,9 +70,11 @@ async def generate_text(
     detok = IncrementalDetokenizer(tokenizer)
     matcher = StopStringMatcher(stops)
     eos = request.stop_token_ids
+    outcome.submitted_at = time.perf_counter()
     stream = backend.generate(request)
+    timed = _timed(stream, outcome)
     try:
-        async for event in stream:
+        async for event in timed:
             if outcome.first_token_at is None:
                 outcome.first_token_at = time.perf_counter()
             outcome.completion_tokens += 1
@@ -72,4 +97,6 @@ async def generate_text(
                 yield Delta(index, text, ids, lps)
     finally:
         # Closing the engine stream aborts the request there and frees its KV blocks.
+        await timed.aclose()  # type: ignore[attr-defined]
         await stream.aclose()  # type: ignore[attr-defined]
+        add_engine_time(outcome.engine_s)

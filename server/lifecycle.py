@@ -18,3 +18,7 @@ class Lifecycle:
     @property
     def ready(self) -> bool:
         return self.phase is Phase.READY
+
+    @property
+    def draining(self) -> bool:
+        return self.phase is Phase.DRAINING

@@ -7,6 +7,8 @@ import logging
 import sys
 import time
 
+from server.request_context import RequestIdFilter
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -17,6 +19,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        request_id = getattr(record, "request_id", None)
+        if request_id is not None:  # set by RequestIdFilter inside a request
+            out["request_id"] = request_id
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False)
@@ -24,6 +29,7 @@ class JsonFormatter(logging.Formatter):
 
 def configure_logging(fmt: str, level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RequestIdFilter())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

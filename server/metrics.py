@@ -6,6 +6,8 @@ policy registry, statuses from HTTP codes and routes from the fixed route table.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -13,9 +15,13 @@ from prometheus_client import (
     Histogram,
     Info,
 )
+from prometheus_client.core import CounterMetricFamily
 
 # Latency buckets in seconds: sub-millisecond gateway work up to multi-minute generations.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# The gateway's own work and the gaps between tokens: 100 µs up to a second.
+_FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1,
+                 0.25, 0.5, 1.0)
 
 
 class Metrics:
@@ -55,10 +61,12 @@ class Metrics:
         self.policy_version = Gauge(
             "polyhead_policy_version", "Version of the active routing policy", registry=r,
         )
+        # reason: router.stability.REASON_CODES, a fixed set (best, hysteresis, dwell, ...).
         self.decisions = Counter(
-            "polyhead_decisions", "Routing decisions by chosen head and policy",
-            ["head", "policy"], registry=r,
+            "polyhead_decisions", "Routing decisions by chosen head, policy and reason code",
+            ["head", "policy", "reason"], registry=r,
         )
+        self._add_routing_metrics(r)
         self.ttft = Histogram(
             "polyhead_time_to_first_token_seconds", "Time from request to first token",
             ["head"], buckets=_LATENCY_BUCKETS, registry=r,
@@ -67,7 +75,108 @@ class Metrics:
             "polyhead_request_duration_seconds", "Time from request to last byte",
             ["head"], buckets=_LATENCY_BUCKETS, registry=r,
         )
+        self._add_operations_metrics(r)
+        # polyhead_unembed_kernel_total{head,kernel}: the engine's counts, copied at scrape time.
+        self.unembed_kernels = KernelCounts(registry=r)
+
+    def _add_operations_metrics(self, r: CollectorRegistry) -> None:
+        self.http_latency = Histogram(
+            "polyhead_http_request_duration_seconds",
+            "HTTP request latency by route template, method and status (every route)",
+            ["route", "method", "status"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.itl = Histogram(
+            "polyhead_inter_token_latency_seconds", "Gap between consecutive tokens of a choice",
+            ["head"], buckets=_FAST_BUCKETS, registry=r,
+        )
+        self.queue_wait = Histogram(
+            "polyhead_queue_wait_seconds",
+            "Time from request arrival to its hand-off to the engine",
+            ["head"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.overhead = Histogram(
+            "polyhead_gateway_overhead_seconds",
+            "Time a /v1 request spends in the gateway, excluding waits on the engine",
+            ["route"], buckets=_FAST_BUCKETS, registry=r,
+        )
+        self.policy_switches = Counter(
+            "polyhead_policy_switches", "Policy changes through the admin API (set|rollback)",
+            ["action"], registry=r,
+        )
+        self.admission_rejections = Counter(
+            "polyhead_admission_rejections", "Requests refused with 429, by reason",
+            ["reason"], registry=r,
+        )
+        self.client_requests = Counter(
+            "polyhead_client_requests", "Admitted API requests by client key name",
+            ["key"], registry=r,
+        )
+        self.head_up = Gauge(
+            "polyhead_head_up", "1 while a head takes routed traffic, 0 while drained",
+            ["head"], registry=r,
+        )
+        self.redis_up = Gauge(
+            "polyhead_redis_up", "1 when Redis answers (or none is configured), else 0",
+            registry=r,
+        )
+        self.redis_pending = Gauge(
+            "polyhead_redis_pending_increments",
+            "Counter increments buffered locally while Redis is unreachable", registry=r,
+        )
+
+    def _add_routing_metrics(self, r: CollectorRegistry) -> None:
+        self.live_batch = Gauge(
+            "polyhead_live_batch",
+            "Live B: the engine's running batch per head group (head=\"all\": the engine), "
+            "raw and smoothed over POLYHEAD_BATCH_WINDOW_S",
+            ["head", "kind"], registry=r,
+        )
+        self.lambda_forecast = Gauge(
+            "polyhead_lambda_forecast", "Operator forecast λ; NaN when none is set", registry=r,
+        )
+        self.lambda_effective = Gauge(
+            "polyhead_lambda_effective", "The λ policies use: the forecast, else measured",
+            registry=r,
+        )
+        self.head_max_batch = Gauge(
+            "polyhead_head_max_batch",
+            "Requests a head can hold at once within the KV budget (live usage included)",
+            ["head"], registry=r,
+        )
+        self.kv_reserved_blocks = Gauge(
+            "polyhead_kv_reserved_blocks", "KV blocks reserved by admitted requests", registry=r,
+        )
+        self.admission_queue = Gauge(
+            "polyhead_admission_queue", "Requests waiting for KV-cache room", registry=r,
+        )
+        self.calibration = Gauge(
+            "polyhead_cost_calibration",
+            "Fitted step-time model: overhead_s, mem_scale, cmp_scale, rms_rel_error, samples",
+            ["param"], registry=r,
+        )
 
     def set_policy(self, name: str, version: int, changed_by: str) -> None:
         self.policy.info({"name": name, "version": str(version), "changed_by": changed_by})
         self.policy_version.set(version)
+
+
+class KernelCounts:
+    """Counter polyhead_unembed_kernel_total{head,kernel}: head groups per unembedding kernel.
+
+    The engine owns the running counts; /metrics hands a snapshot to `set` before rendering.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._counts: dict[tuple[str, str], int] = {}
+        registry.register(self)
+
+    def set(self, counts: dict[tuple[str, str], int]) -> None:
+        self._counts = dict(counts)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "polyhead_unembed_kernel", "Head groups unembedded, by head and kernel "
+            "(fused | chunked | split)", labels=["head", "kernel"])
+        for (head, kernel), n in sorted(self._counts.items()):
+            family.add_metric([head, kernel], n)
+        yield family

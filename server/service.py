@@ -6,6 +6,7 @@ Built once in the app's lifespan and injected into the route handlers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -16,9 +17,12 @@ from heads.engine.llm_engine import GenerationRequest
 from heads.manifest import Manifest
 from heads.tokenizer import HeadTokenizer
 from kernels.sampling_params import RowParams
+from router.admission import Ticket
+from router.calibration import CalibratedTimer, StepSample
 from router.profiles import RequestFeatures
 from router.router import Router
 from router.state import LiveState
+from server.admission_gate import AdmissionGate
 from server.backends.base import Backend
 from server.chat_template import render_chat
 from server.errors import BadRequest, NotFound
@@ -63,6 +67,8 @@ class GatewayService:
         self.state = state
         self.metrics = metrics
         self.limits = limits
+        self.admission: AdmissionGate | None = None  # set by server.routing when enabled
+        self._tickets: dict[str, Ticket] = {}  # request_id -> its KV reservation
 
     # --- planning -------------------------------------------------------------------------
 
@@ -124,8 +130,28 @@ class GatewayService:
         prompt_bytes = sum(len(t.encode()) for t in texts)
         self.refresh_load()
         decision = self.router.decide(RequestFeatures(prompt_bytes, max_tokens, pinned))
-        tok = self.tokenizers[decision.head]
-        spec = self.manifest.head(decision.head)
+        if self.admission is not None:
+            self.admission.admission.observe_request(prompt_bytes, max_tokens)
+        request_id = ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12)
+        base_seed = body.seed if body.seed is not None else secrets.randbits(62)
+        template = GenerationRequest(request_id, decision.head, (), max_tokens,
+                                     RowParams(body.temperature, body.top_p, body.top_k,
+                                               base_seed), frozenset(), logprobs)
+        prompts, jobs = self._jobs(decision.head, texts, chat, template, body.n, stops)
+        self.metrics.decisions.labels(decision.head, decision.policy, decision.code).inc()
+        log.debug("request %s -> head %s: %s", request_id, decision.head, decision.reason)
+        return Plan(request_id, kind, route, int(time.time()), body.model, decision,
+                    sum(len(p) for p in prompts), prompt_bytes, tuple(jobs), logprobs,
+                    bool(body.stream_options and body.stream_options.include_usage), started,
+                    tuple(texts), chat)
+
+    def _jobs(self, head: str, texts: list[str] | tuple[str, ...], chat: bool,
+              template: GenerationRequest, n: int, stops: list[str] | tuple[str, ...],
+              ) -> tuple[list[list[int]], list[ChoiceJob]]:
+        """Tokenize with `head` and build one job per choice; `template` carries the request
+        id, max_tokens and sampling (its seed is the base seed)."""
+        tok, spec = self.tokenizers[head], self.manifest.head(head)
+        max_tokens = template.max_tokens
         prompts = [self._encode(tok, t, chat, spec.bos_token_id) for t in texts]
         for ids in prompts:
             if len(ids) > self.limits.max_prompt_tokens:
@@ -135,23 +161,80 @@ class GatewayService:
                 raise BadRequest(
                     f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the "
                     f"model's context of {self.limits.max_model_len} tokens", param="max_tokens")
-        request_id = ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12)
-        base_seed = body.seed if body.seed is not None else secrets.randbits(62)
         jobs = []
+        s = template.sampling
         for p, ids in enumerate(prompts):
-            for i in range(body.n):
-                index = p * body.n + i
-                sampling = RowParams(body.temperature, body.top_p, body.top_k,
-                                     (base_seed + index) % 2**63)
-                req = GenerationRequest(f"{request_id}-{index}", decision.head, tuple(ids),
+            for i in range(n):
+                index = p * n + i
+                sampling = RowParams(s.temperature, s.top_p, s.top_k, (s.seed + index) % 2**63)
+                req = GenerationRequest(f"{template.request_id}-{index}", head, tuple(ids),
                                         max_tokens, sampling, frozenset(spec.eos_token_ids),
-                                        logprobs)
+                                        template.want_logprobs)
                 jobs.append(ChoiceJob(index, req, tuple(stops)))
-        self.metrics.decisions.labels(decision.head, decision.policy).inc()
-        log.debug("request %s -> head %s: %s", request_id, decision.head, decision.reason)
-        return Plan(request_id, kind, route, int(time.time()), body.model, decision,
-                    sum(len(p) for p in prompts), prompt_bytes, tuple(jobs), logprobs,
-                    bool(body.stream_options and body.stream_options.include_usage), started)
+        return prompts, jobs
+
+    # --- KV admission -----------------------------------------------------------------------
+
+    def _footprint(self, plan: Plan) -> int:
+        assert self.admission is not None
+        a = self.admission.admission
+        return sum(a.footprint_blocks(plan.head, len(j.request.prompt_ids),
+                                      j.request.max_tokens) for j in plan.jobs)
+
+    def _used_blocks(self) -> int:
+        return self.backend.kv_blocks()[0]
+
+    async def admit(self, plan: Plan) -> Plan:
+        """Reserve the plan's expected KV blocks: now, on another head if the policy allows
+        spill, or after a bounded wait; else AdmissionRejected (429 with Retry-After)."""
+        gate = self.admission
+        if gate is None:
+            return plan
+        need = self._footprint(plan)
+        ticket = gate.try_now(plan.head, need, self._used_blocks())
+        if ticket is None and self.router.spill_allowed and plan.decision.policy != "request_pin":
+            plan, ticket = self._spill(plan, gate)
+        if ticket is None:
+            ticket = await gate.wait(plan.head, need, self._used_blocks)
+        self._tickets[plan.request_id] = ticket
+        return plan
+
+    def _spill(self, plan: Plan, gate: AdmissionGate) -> tuple[Plan, Ticket | None]:
+        costs = plan.decision.costs
+        others = sorted((h for h in self.router.routable() if h != plan.head),
+                        key=lambda h: costs.get(h, float("inf")))
+        first = plan.jobs[0].request
+        for head in others:
+            template = dataclasses.replace(first, request_id=plan.request_id)
+            n = len(plan.jobs) // max(1, len(plan.texts))
+            prompts, jobs = self._jobs(head, plan.texts, plan.chat, template, n,
+                                       plan.jobs[0].stops)
+            moved = dataclasses.replace(plan, jobs=tuple(jobs),
+                                        prompt_tokens=sum(len(p) for p in prompts))
+            ticket = gate.try_now(head, self._footprint_on(moved, head), self._used_blocks())
+            if ticket is not None:
+                decision = self.router.spill(plan.decision, head,
+                                             f"{plan.head} is at its KV limit")
+                self.metrics.decisions.labels(head, decision.policy, decision.code).inc()
+                return dataclasses.replace(moved, decision=decision), ticket
+        return plan, None
+
+    def _footprint_on(self, plan: Plan, head: str) -> int:
+        assert self.admission is not None
+        a = self.admission.admission
+        return sum(a.footprint_blocks(head, len(j.request.prompt_ids), j.request.max_tokens)
+                   for j in plan.jobs)
+
+    def _release(self, plan: Plan, outcomes: list[Outcome], status: str) -> None:
+        ticket = self._tickets.pop(plan.request_id, None)
+        if ticket is None or self.admission is None:
+            return
+        self.admission.release(ticket)
+        if status == "200":  # aborted requests would bias the learned output ratio low
+            ratio = self.admission.admission.ratio
+            bpt = self.router.profiles[self.router.heads.index(plan.head)].bpt
+            for job, o in zip(plan.jobs, outcomes, strict=True):
+                ratio.observe(o.completion_tokens, job.request.max_tokens, bpt)
 
     def _reject_unsupported(self, body: SamplingFields) -> None:
         if body.presence_penalty or body.frequency_penalty:
@@ -182,8 +265,18 @@ class GatewayService:
     # --- running --------------------------------------------------------------------------
 
     def refresh_load(self) -> None:
-        for head, load in self.backend.head_load().items():
-            self.state.set_load(head, load.running, load.waiting)
+        loads = {h: (load.running, load.waiting) for h, load in self.backend.head_load().items()}
+        self.state.set_loads(loads)
+        self._calibrate()
+
+    def _calibrate(self) -> None:
+        timer = self.router.timer
+        drain = getattr(self.backend, "step_timings", None)  # only engines that measure
+        if drain is None or not isinstance(timer, CalibratedTimer):
+            return
+        for t in drain():
+            if not t.prefill:  # the cost model describes decode steps
+                timer.record(StepSample(t.groups, t.seconds))
 
     async def stream(self, plan: Plan, outcomes: list[Outcome]) -> AsyncIterator[Delta]:
         """Merge the plan's choices into one stream of deltas, in arrival order.
@@ -222,6 +315,7 @@ class GatewayService:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self._release(plan, outcomes, status)
             self._account(plan, outcomes, status)
 
     def _account(self, plan: Plan, outcomes: list[Outcome], status: str) -> None:

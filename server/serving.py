@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
 
+from server.lifecycle import Phase
 from server.settings import Settings
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -17,7 +20,32 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 class DrainingServer(uvicorn.Server):
     """uvicorn re-raises SIGTERM after its graceful shutdown, so the process ends 'killed by
-    signal 15'. For Kubernetes and systemd a drained shutdown is a success: exit 0 instead."""
+    signal 15'. For Kubernetes and systemd a drained shutdown is a success: exit 0 instead.
+
+    On the first SIGTERM/SIGINT `on_drain` runs at once (/readyz turns 503, new API requests
+    get 503); the listener closes `delay_s` later, then in-flight requests get uvicorn's
+    graceful-shutdown timeout to finish. A second signal skips the delay.
+    """
+
+    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], None] = lambda: None,
+                 delay_s: float = 0.0) -> None:
+        super().__init__(config)
+        self.on_drain = on_drain
+        self.delay_s = delay_s
+        self._exit_at: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._exit_at is None and self.delay_s > 0:
+            self.on_drain()
+            self._exit_at = time.monotonic() + self.delay_s
+            return
+        self.on_drain()
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._exit_at is not None and time.monotonic() >= self._exit_at:
+            self.should_exit = True
+        return await super().on_tick(counter)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -35,4 +63,8 @@ class DrainingServer(uvicorn.Server):
 def serve(app: FastAPI, settings: Settings) -> None:
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None,
                             timeout_graceful_shutdown=settings.shutdown_grace_s)
-    DrainingServer(config).run()
+
+    def drain() -> None:
+        app.state.lifecycle.phase = Phase.DRAINING
+
+    DrainingServer(config, drain, settings.shutdown_delay_s).run()

@@ -23,22 +23,50 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="POLYHEAD_", extra="forbid")
 
     # "tiny" builds the random-weight test model into the cache on first run; otherwise a directory.
-    model: str = "tiny"
+    # A built-in ("gemma3-270m", the default, or "tiny") is built into the cache on first run.
+    model: str = "gemma3-270m"
+    # "auto": float32 on CPU, where bf16 GEMMs are slow and would need a per-step upcast.
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     cache_dir: Path = Field(default_factory=default_cache_dir)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
 
     admin_token: SecretStr | None = None  # None disables the admin API (403)
     admin_actor: str = "admin"  # recorded as who changed the policy
+    # More admin tokens and client API keys, name -> secret; the name is the audit actor.
+    # The *_file variants hold a JSON object of the same shape (kept out of env and argv).
+    admin_tokens: dict[str, SecretStr] = Field(default_factory=dict)
+    admin_tokens_file: Path | None = None
+    api_keys: dict[str, SecretStr] = Field(default_factory=dict)  # none: no client auth
+    api_keys_file: Path | None = None
+    rate_limit_rpm: int = Field(default=0, ge=0)  # requests/min per client key; 0 = off
+    rate_limit_tpm: int = Field(default=0, ge=0)  # prompt + max_tokens per min per key; 0 = off
+    audit_log: Path | None = None  # JSON lines; default <cache_dir>/audit.jsonl
+    cors_allow_origins: list[str] = Field(default_factory=list)  # empty: CORS off
 
     # Initial policy document; the admin API replaces it at runtime.
     policy: dict[str, Any] = Field(default_factory=lambda: {"name": "lifecycle", "params": {}})
     device: str = "auto"  # a router.devices name, or "auto" to detect this CPU
+    # Routing (issue 5): live-B smoothing, decision log, λ store, calibration, KV admission.
+    batch_window_s: float = Field(default=5.0, ge=0)  # EWMA time constant of live B; 0 = raw
+    decision_log_size: int = Field(default=1024, gt=0)  # decisions kept for /admin/decisions
+    lambda_store: Path | None = None  # λ counters file; default <cache_dir>/lambda.json
+    lambda_sync_s: float = Field(default=1.0, gt=0)  # flush/pull λ counters this often
+    calibrate: bool = True  # fit the cost model to the engine's measured step times
+    admission: bool = True  # KV-based admission (per-head max batch, queue, 429)
+    admission_queue: int = Field(default=64, ge=0)  # requests waiting for KV at most
+    admission_wait_s: float = Field(default=5.0, ge=0)  # longest wait for KV, then 429
+    admission_quantile: float = Field(default=0.9, gt=0, le=1)  # of output ÷ max_tokens
+    admission_prior_ratio: float = Field(default=1.0, gt=0, le=1)  # until it has samples
+    admission_kv_blocks: int | None = Field(default=None, gt=0)  # budget; None: the engine's
 
     max_body_bytes: int = Field(default=1 << 20, gt=0)
     max_tokens_limit: int = Field(default=2048, gt=0)  # cap on a request's max_tokens
     default_max_tokens: int = Field(default=256, gt=0)
     max_stop_sequences: int = Field(default=4, ge=0)
+    max_n: int = Field(default=8, gt=0)  # choices per request
+    max_prompt_bytes: int = Field(default=256 * 1024, gt=0)  # UTF-8 bytes over all prompts
+    max_inflight_requests: int = Field(default=0, ge=0)  # gateway-wide; over it: 429; 0 = off
 
     kv_cache_mb: int = Field(default=256, gt=0)
     block_size: int = Field(default=16, gt=0)
@@ -47,6 +75,15 @@ class Settings(BaseSettings):
     torch_threads: int = Field(default=0, ge=0)  # 0 keeps torch's default
 
     shutdown_grace_s: int = Field(default=30, ge=0)  # time for in-flight streams to finish
+    # After SIGTERM, /readyz is 503 and new API requests get 503 for this long before the
+    # listener closes, so load balancers see the drain before connections are refused.
+    shutdown_delay_s: float = Field(default=0.0, ge=0)
+
+    backend: Literal["local", "echo"] = "local"  # echo: instant fake engine for benchmarks
+    echo_token_delay_s: float = Field(default=0.0, ge=0)  # echo backend: pause per token
+    # Shared state across replicas (issue 5's store; here: rate limits and usage counters).
+    redis_url: str | None = None
+    log_prompts: bool = False  # prompts are never logged unless this is set
 
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from heads.engine.config import EngineConfig
 from heads.manifest import Manifest
+from router.calibration import CalibratedTimer
 from router.devices import DeviceSpec, detect_cpu, lookup_device
 from router.profiles import HeadProfile
 from router.router import Router
@@ -13,9 +14,14 @@ from server.settings import Settings
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def head_profiles(manifest: Manifest) -> list[HeadProfile]:
+def compute_dtype(settings: Settings) -> str:
+    # The local engine runs on CPU, where float32 beats bf16 (no native bf16 GEMM).
+    return "float32" if settings.compute_dtype == "auto" else settings.compute_dtype
+
+
+def head_profiles(manifest: Manifest, dtype: str | None = None) -> list[HeadProfile]:
     b = manifest.backbone
-    s = _DTYPE_BYTES[manifest.dtype]
+    s = _DTYPE_BYTES[dtype or manifest.dtype]
     return [
         HeadProfile(
             name=h.name,
@@ -36,9 +42,13 @@ def device_spec(name: str) -> DeviceSpec:
 
 
 def build_router(manifest: Manifest, settings: Settings) -> tuple[Router, LiveState]:
-    profiles = head_profiles(manifest)
-    state = LiveState.for_profiles(profiles)
-    router = Router(profiles, device_spec(settings.device), state, settings.policy)
+    profiles = head_profiles(manifest, compute_dtype(settings))
+    state = LiveState.for_profiles(profiles, settings.batch_window_s)
+    device = device_spec(settings.device)
+    # Calibrated: engine step times (fed by the service) replace the analytic midpoint.
+    timer = CalibratedTimer(device, profiles) if settings.calibrate else None
+    router = Router(profiles, device, state, settings.policy, timer=timer,
+                    decision_log=settings.decision_log_size)
     return router, state
 
 

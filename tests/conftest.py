@@ -14,14 +14,18 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Triton reads this when a kernel module is first imported, and any test (the engine's
+    # kernel dispatch included) may import one first: set it before collection.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ADMIN_TOKEN = "test-admin-token"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`gpu` tests run only where CUDA is present; every other tier runs on a CPU machine."""
-    import torch
-
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

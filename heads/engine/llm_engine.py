@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -50,6 +52,17 @@ class HeadLoad:
     waiting: int
 
 
+@dataclass(frozen=True, slots=True)
+class StepTiming:
+    """One measured step, for the router's cost calibration (router.calibration)."""
+
+    prefill: bool
+    groups: tuple[tuple[str, int, float], ...]  # (head, requests, mean context tokens)
+    seconds: float
+
+
+STEP_LOG = 4096  # recent step timings kept for the gateway to read
+
 _Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[TokenEvent | EngineError]"]
 
 
@@ -59,7 +72,7 @@ class LocalEngine:
         self.config = config
         backbone = model.manifest.backbone
         self.max_model_len = config.model_len(backbone)
-        num_blocks = config.num_blocks(backbone, model.manifest.dtype)
+        num_blocks = config.num_blocks(backbone, model.dtype_name)
         self._blocks = BlockManager(num_blocks, config.block_size)
         self._scheduler = Scheduler(
             self._blocks, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
@@ -72,6 +85,7 @@ class LocalEngine:
         self._accepting = True
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._timings: deque[StepTiming] = deque(maxlen=STEP_LOG)
 
     async def start(self) -> None:
         if self._thread is not None:
@@ -123,6 +137,17 @@ class LocalEngine:
 
     def total_blocks(self) -> int:
         return self._blocks.num_blocks
+
+    def kernel_counts(self) -> dict[tuple[str, str], int]:
+        """Head groups unembedded so far, per (head, kernel)."""
+        return self._runner.kernel_counts()
+
+    def drain_step_timings(self) -> list[StepTiming]:
+        """Step timings since the last call (one reader: the gateway's calibration)."""
+        out = []
+        while self._timings:  # deque pops are atomic; the step thread only appends
+            out.append(self._timings.popleft())
+        return out
 
     def _make_sequence(self, req: GenerationRequest) -> Sequence:
         head = self.model.heads.get(req.head)
@@ -186,7 +211,9 @@ class LocalEngine:
                 seqs, is_prefill = self._scheduler.schedule()
             if not seqs:
                 return
+            started = time.perf_counter()
             out = self._runner.run(seqs, is_prefill)
+            self._timings.append(_timing(seqs, is_prefill, time.perf_counter() - started))
             with self._cond:
                 reasons = self._scheduler.postprocess(seqs, out.token_ids)
                 for seq, tok, lp, reason in zip(seqs, out.token_ids, out.logprobs, reasons,
@@ -220,3 +247,11 @@ class LocalEngine:
             loop.call_soon_threadsafe(queue.put_nowait, item)
         except RuntimeError:  # its event loop is closed
             self._streams.pop(seq_id, None)
+
+
+def _timing(seqs: list[Sequence], prefill: bool, seconds: float) -> StepTiming:
+    ctx: dict[str, list[int]] = {}
+    for seq in seqs:
+        ctx.setdefault(seq.head, []).append(seq.num_tokens)
+    groups = tuple((h, len(n), sum(n) / len(n)) for h, n in ctx.items())
+    return StepTiming(prefill, groups, seconds)

@@ -4,6 +4,8 @@ mixed-head batch, then unembeds and samples once per head group."""
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -12,8 +14,10 @@ from heads.attention import AttentionMetadata, allocate_kv_cache, slots_for
 from heads.engine.config import EngineConfig
 from heads.engine.sequence import Sequence
 from heads.model import MultiHeadModel
-from kernels.reference import unembed_and_sample
+from kernels.calibration import load_calibration
+from kernels.dispatch import batch_mode, device_spec, dtype_name, run_plan
 from kernels.sampling_params import SamplingBatch
+from kernels.selector import Selector
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,14 @@ class ModelRunner:
             "KV cache: %d blocks of %d tokens, %.1f MiB", num_blocks, config.block_size,
             sum(k.nbytes + v.nbytes for k, v in self.kv_cache) / 2**20,
         )
+        self.device_spec = device_spec(self.device)
+        self.selector = Selector(load_calibration(self.device_spec.name))
+        self._kernel_counts: Counter[tuple[str, str]] = Counter()  # (head, kernel) -> groups
+        self._counts_lock = threading.Lock()
+
+    def kernel_counts(self) -> dict[tuple[str, str], int]:
+        with self._counts_lock:
+            return dict(self._kernel_counts)
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=self.device)
@@ -112,9 +124,14 @@ class ModelRunner:
                 [s.num_tokens for s in group],  # index of the token being sampled
                 want_logprobs=want,
             )
-            out = unembed_and_sample(
-                hidden[self._tensor(rows)], self.model.unembedding_rows(head), batch
+            weight = self.model.unembedding_rows(head)  # [V, d]
+            plan = self.selector.choose(
+                len(rows), weight.shape[0], weight.shape[1], dtype_name(weight.dtype),
+                batch_mode(batch, weight.shape[0]), self.device_spec,
             )
+            out = run_plan(plan, hidden[self._tensor(rows)], weight, batch)
+            with self._counts_lock:
+                self._kernel_counts[(head, plan.kernel)] += 1
             toks = out.token_ids.tolist()
             lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(rows)
             for i, s, t, lp in zip(rows, group, toks, lps, strict=True):

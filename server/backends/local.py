@@ -7,7 +7,13 @@ from collections.abc import AsyncIterator
 import torch
 
 from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import GenerationRequest, HeadLoad, LocalEngine, TokenEvent
+from heads.engine.llm_engine import (
+    GenerationRequest,
+    HeadLoad,
+    LocalEngine,
+    StepTiming,
+    TokenEvent,
+)
 from heads.model import MultiHeadModel
 
 
@@ -30,6 +36,13 @@ class LocalBackend:
     def head_load(self) -> dict[str, HeadLoad]:
         return self.engine.head_load()
 
+    def kernel_counts(self) -> dict[tuple[str, str], int]:
+        return self.engine.kernel_counts()
+
     def kv_blocks(self) -> tuple[int, int]:
         total = self.engine.total_blocks()
         return total - self.engine.free_blocks(), total
+
+    def step_timings(self) -> list[StepTiming]:
+        """Measured engine steps since the last call, for the router's calibration."""
+        return self.engine.drain_step_timings()

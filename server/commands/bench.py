@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-BENCHES: tuple = ()
+from server.commands import bench_engine, bench_gateway, bench_kernels, bench_router
+
+BENCHES: tuple = (bench_engine, bench_gateway, bench_kernels, bench_router)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

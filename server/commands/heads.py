@@ -12,6 +12,83 @@ def register(sub: argparse._SubParsersAction) -> None:
     inspect = hsub.add_parser("inspect", help="validate a checkpoint and list its heads")
     inspect.add_argument("dir", type=Path, help="checkpoint directory")
     inspect.set_defaults(run=_heads_inspect)
+    _register_build(hsub)
+    _register_eval(hsub)
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
+            from None
+
+
+def _register_build(hsub: argparse._SubParsersAction) -> None:
+    build = hsub.add_parser(
+        "build", help="add nested heads by vocabulary trimming (Matryoshka order)")
+    build.add_argument("src", type=Path, help="source checkpoint (its largest head is native)")
+    build.add_argument("--sizes", type=_sizes, required=True,
+                       help="vocabulary sizes of the new heads, e.g. 32768,131072")
+    rank = build.add_mutually_exclusive_group(required=True)
+    rank.add_argument("--corpus", type=Path, nargs="+", metavar="FILE",
+                      help="text files to rank tokens on (e.g. the corpus *.train.txt)")
+    rank.add_argument("--ranking", type=Path,
+                      help="a saved token ranking (.npz) instead of a corpus")
+    build.add_argument("--out", type=Path, required=True, help="output checkpoint directory")
+    build.add_argument("--save-ranking", type=Path, metavar="FILE",
+                       help="with --corpus: also write the ranking here")
+    build.add_argument("--specials-last", action=argparse.BooleanOptionalAction, default=None,
+                       help="rank unused special tokens after all ordinary ones (default: on "
+                       "above 65536 ids); BOS/EOS/pad/chat-turn specials stay first")
+    build.set_defaults(run=_heads_build)
+
+
+def _register_eval(hsub: argparse._SubParsersAction) -> None:
+    ev = hsub.add_parser("eval", help="measure bytes/token and BPB per head and source")
+    ev.add_argument("dir", type=Path, help="checkpoint directory (its manifest is updated)")
+    ev.add_argument("--corpus", type=Path, nargs="+", required=True, metavar="HELDOUT",
+                    help="held-out text files, one source each (e.g. *.heldout.txt)")
+    ev.add_argument("--max-bytes", type=int, default=100_000,
+                    help="bytes per source evaluated (whole documents; default 100000)")
+    ev.add_argument("--window", type=int, default=512, help="tokens per window incl. BOS")
+    ev.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    ev.add_argument("--compute-dtype", choices=("float32", "bfloat16", "float16"),
+                    help="run the weights in this dtype (default: the checkpoint's); float32 "
+                    "is faster than bfloat16 on most CPUs")
+    ev.add_argument("--out", type=Path, help="where eval.json/eval.png go (default DIR/eval)")
+    ev.set_defaults(run=_heads_eval)
+
+
+def _heads_build(args: argparse.Namespace) -> None:
+    from heads.build import build_heads
+    from server.logging_setup import configure_logging
+
+    configure_logging("text", "INFO")
+    m = build_heads(args.src, args.out, args.sizes, corpus=args.corpus, ranking=args.ranking,
+                    specials_last=args.specials_last, save_ranking_to=args.save_ranking)
+    print(f"wrote {args.out}: heads " + ", ".join(f"{h.name} (V={h.vocab_size})"
+                                                 for h in m.heads))
+
+
+def _heads_eval(args: argparse.Namespace) -> None:
+    import torch
+
+    from heads.evaluate import AGGREGATE, aggregate, run_eval
+    from server.logging_setup import configure_logging
+
+    configure_logging("text", "INFO")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results, png = run_eval(args.dir, args.corpus, args.max_bytes, args.window, args.out,
+                            args.compute_dtype)
+    print(f"{'head':<8}{'V':>8}  {'source':<12}{'bytes/tok':>10}{'BPB':>8}"
+          f"{'prefill tok/s':>15}{'≠native':>9}")
+    for r in [*results, *aggregate(results)]:
+        label = r.source if r.source != AGGREGATE else "ALL"
+        print(f"{r.head:<8}{r.vocab_size:>8}  {label:<12}{r.bytes_per_token:>10.3f}"
+              f"{r.bpb:>8.4f}{r.prefill_tokens_per_s:>15.0f}{r.differing_fraction:>9.1%}")
+    print(f"plot: {png}")
 
 
 def _heads_inspect(args: argparse.Namespace) -> None:

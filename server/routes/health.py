@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from server.deps import LifecycleDep
+from server.ops_wiring import redis_status
 
 router = APIRouter()
 
@@ -16,6 +17,10 @@ async def healthz() -> dict:
 
 
 @router.get("/readyz")
-async def readyz(lifecycle: LifecycleDep) -> JSONResponse:
+async def readyz(lifecycle: LifecycleDep, request: Request) -> JSONResponse:
     status = 200 if lifecycle.ready else 503
-    return JSONResponse({"status": lifecycle.phase.value}, status_code=status)
+    body: dict = {"status": lifecycle.phase.value}
+    redis = redis_status(request.app)
+    if redis is not None:  # degraded Redis stays ready: it serves on local state
+        body["redis"] = redis
+    return JSONResponse(body, status_code=status)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.deps import MetricsDep, ServiceDep
+from server.ops_wiring import redis_status
+from server.routing import refresh_routing_metrics
 
 router = APIRouter()
 
 
 @router.get("/metrics")
-async def metrics(svc: ServiceDep, m: MetricsDep) -> Response:
+async def metrics(svc: ServiceDep, m: MetricsDep, request: Request) -> Response:
     # Gauges are read at scrape time rather than pushed from the engine's hot loop.
     svc.refresh_load()
     snap = svc.state.snapshot()
@@ -21,7 +23,14 @@ async def metrics(svc: ServiceDep, m: MetricsDep) -> Response:
         m.waiting.labels(head).set(snap.waiting[head])
         m.lam.labels(head).set(snap.lam(head))
     m.lam.labels("all").set(snap.lam())
+    refresh_routing_metrics(svc, m)
     used, total = svc.backend.kv_blocks()
     m.kv_blocks_used.set(used)
     m.kv_blocks_total.set(total)
+    kernel_counts = getattr(svc.backend, "kernel_counts", None)  # local engine only, so far
+    if kernel_counts is not None:
+        m.unembed_kernels.set(kernel_counts())
+    redis = redis_status(request.app)
+    m.redis_up.set(1 if redis is None or redis["up"] else 0)
+    m.redis_pending.set(redis["pending_increments"] if redis else 0)
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -253,3 +253,21 @@ def test_byte_fallback_spells_unseen_chars_in_bytes(fallback: tuple[Tokenizer, T
     assert head.encode("😀", add_special_tokens=False).tokens == [
         "<0xF0>", "<0x9F>", "<0x98>", "<0x80>"]
     assert head.encode("x").ids[0] == full.token_to_id("<bos>")
+
+
+def test_unused_specials_can_go_last(corpus: list[str]) -> None:
+    # Gemma-3 reserves thousands of `<unusedN>` specials; they must not crowd out small heads.
+    original = _byte_fallback_tokenizer(corpus[:300])
+    original.add_special_tokens([f"<unused{i}>" for i in range(40)])
+    n = original.get_vocab_size()
+    order = rank_tokens(original, corpus[:300], keep_first={"<bos>", "<eos>", "<pad>"})
+    full, _ = reorder_tokenizer(original, order)
+    assert [full.id_to_token(i) for i in range(n - 40, n)] == [f"<unused{i}>" for i in range(40)]
+    # <unk> is not named either, but byte fallback needs it: it stays with the base.
+    assert [full.id_to_token(i) for i in range(4)] == ["<pad>", "<eos>", "<bos>", "<unk>"]
+    with pytest.raises(TokenizerError, match="special or base"):
+        trim_tokenizer(full, 300)
+    head = trim_tokenizer(full, 300, keep_all_specials=False)
+    assert head.token_to_id("<unused0>") is None and head.token_to_id("<bos>") is not None
+    ids = head.encode("<unused3> x", add_special_tokens=False).ids
+    assert all(i < 300 for i in ids) and head.decode(ids) == "<unused3> x"

@@ -44,7 +44,13 @@ def test_step_cost_bounds_and_resources() -> None:
     step = step_cost(head, H100, batch=4, ctx_tokens=1000)
     assert step.weights_s == pytest.approx(2 * N / H100.mem_bw)
     assert step.kv_s == pytest.approx(4 * 1000 * 65536 / H100.mem_bw)
-    assert step.compute_s == pytest.approx(2 * 4 * (N + 32768 * 2048) / H100.peak_flops)
+    attention = 2 * 4 * 1000 * 65536 / 2  # QKᵀ and AV over the KV elements (bf16: 2 B each)
+    flops = 2 * 4 * (N + 32768 * 2048) + attention
+    assert step.compute_s == pytest.approx(flops / H100.peak_flops)
+    assert step.sampler_s == 0.0  # fused kernel below the ridge point
+    big = step_cost(head, H100, batch=512, ctx_tokens=1000)
+    assert big.sampler_s == pytest.approx(8 * 512 * 32768 / H100.mem_bw)
+    assert big.pessimistic_s == pytest.approx(sum(big.resources().values()) + 20e-6)
     assert step.optimistic_s <= step.estimate_s <= step.pessimistic_s
     assert step.optimistic_s == pytest.approx(max(step.memory_s, step.compute_s) + 20e-6)
 

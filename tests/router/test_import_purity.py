@@ -11,7 +11,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import sys
 import router, router.router, router.cost, router.policy, router.state, router.devices
-heavy = sorted(m for m in ("torch", "numpy", "fastapi") if m in sys.modules)
+import router.admission, router.calibration, router.store, router.decisions
+import router.simulate.compare, router.simulate.engine, router.simulate.traces
+heavy = sorted(m for m in ("torch", "numpy", "fastapi", "matplotlib", "redis")
+               if m in sys.modules)
 assert not heavy, heavy
 """
 

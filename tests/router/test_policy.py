@@ -62,46 +62,79 @@ def test_parse_valid_documents_round_trip() -> None:
 
 def test_pinned_policy() -> None:
     snap = LiveState.for_profiles(heads()).snapshot()
-    head, reason, costs = PinnedPolicy("131k").decide(FEATS, snap, heads())
-    assert head == "131k" and "131k" in reason and costs == {}
+    c = PinnedPolicy("131k").decide(FEATS, snap, heads())
+    assert c.head == "131k" and "131k" in c.reason and c.costs == {} and c.code == "pinned"
 
 
 def test_lifecycle_uses_live_batch_and_lambda() -> None:
     profiles = heads()
     state = LiveState.for_profiles(profiles)
-    policy = LifecyclePolicy(DEVICES["h100-sxm"], LifecycleParams(margin=0.0))
-    head, reason, costs = policy.decide(FEATS, state.snapshot(), profiles)
-    assert head == "32k" and "B=1" in reason and set(costs) == set(HEADS)
-    for h in HEADS:
-        state.set_load(h, 255, 0)
+    policy = LifecyclePolicy(DEVICES["h100-sxm"], LifecycleParams(margin=0.0, min_dwell_s=0))
+    c = policy.decide(FEATS, state.snapshot(), profiles)
+    assert c.head == "32k" and "B=1" in c.reason and set(c.costs) == set(HEADS)
+    state.set_load("32k", 255, 0)  # live B is the engine's whole running batch
     state.add_served("32k", int(1e13), 1)  # λ = 1e13 / 1e12 (the shared backbone) = 10
-    head, reason, _ = policy.decide(FEATS, state.snapshot(), profiles)
-    assert head == "262k"
-    assert reason.startswith("lifecycle: 262k cheapest at B=256, λ=10 (262k ")
+    c = policy.decide(FEATS, state.snapshot(), profiles)
+    assert c.head == "262k"
+    assert c.reason.startswith("lifecycle: 262k cheapest at B=256, λ=10 (262k ")
     override = LifecyclePolicy(DEVICES["h100-sxm"], LifecycleParams(0.0, lambda_override=0.0))
-    assert override.decide(FEATS, state.snapshot(), profiles)[0] == "32k"
+    assert override.decide(FEATS, state.snapshot(), profiles).head == "32k"
+    state.set_lambda_forecast(0.0)  # the operator's forecast replaces the measured λ
+    fresh = LifecyclePolicy(DEVICES["h100-sxm"], LifecycleParams(0.0))
+    assert fresh.decide(FEATS, state.snapshot(), profiles).head == "32k"
+
+
+def _settled(margin: float, lam_now: float, **kw: float) -> tuple[LifecyclePolicy, list]:
+    t = [0.0]
+    h100 = DEVICES["h100-sxm"]
+    policy = LifecyclePolicy(h100, LifecycleParams(margin, lambda_override=0.0, **kw),
+                             clock=lambda: t[0])
+    assert policy.decide(FEATS, _SNAP, _TWO).head == "32k"  # preferred at λ=0
+    policy.params = LifecycleParams(margin, lambda_override=lam_now, **kw)
+    return policy, t
+
+
+_TWO = [heads()[0], heads()[2]]  # 32k and 262k
+_state = LiveState.for_profiles(_TWO)
+_state.set_load("32k", 255, 0)
+_SNAP = _state.snapshot()
+
+
+def _lam_for_gain(gain: float) -> float:
+    """λ at which 262k undercuts 32k by `gain`: train_262 + λ·infer_262 = (1-gain)·(...)_32."""
+    h100 = DEVICES["h100-sxm"]
+    small, big = (lifecycle_cost(p, h100, 256, 1.0, context_tokens(p, FEATS)) for p in _TWO)
+    lam = ((1 - gain) * small.train - big.train) / (big.infer - (1 - gain) * small.infer)
+    assert lam > 0
+    return lam
 
 
 def test_lifecycle_hysteresis() -> None:
-    profiles, h100 = [heads()[0], heads()[2]], DEVICES["h100-sxm"]  # 32k and 262k
-    state = LiveState.for_profiles(profiles)
-    for h in ("32k", "262k"):
-        state.set_load(h, 255, 0)
-    snap = state.snapshot()
-    parts = {p.name: lifecycle_cost(p, h100, 256, 1.0, context_tokens(p, FEATS)) for p in profiles}
-    # λ at which 262k undercuts 32k by 3%: train_262 + λ·infer_262 = 0.97·(train_32 + λ·infer_32)
-    small, big = parts["32k"], parts["262k"]
-    lam = (0.97 * small.train - big.train) / (big.infer - 0.97 * small.infer)
-    assert lam > 0
+    lam = _lam_for_gain(0.03)
+    c = _settled(0.05, lam, min_dwell_s=0)[0].decide(FEATS, _SNAP, _TWO)
+    assert min(c.costs, key=c.costs.__getitem__) == "262k"
+    assert c.head == "32k" and "kept 32k" in c.reason and "hysteresis" in c.reason
+    assert c.code == "hysteresis"
+    assert _settled(0.0, lam, min_dwell_s=0)[0].decide(FEATS, _SNAP, _TWO).head == "262k"
+    assert _settled(0.05, 10 * lam, min_dwell_s=0)[0].decide(FEATS, _SNAP, _TWO).head == "262k"
 
-    def settled(margin: float, lam_now: float) -> LifecyclePolicy:
-        policy = LifecyclePolicy(h100, LifecycleParams(margin, lambda_override=0.0))
-        assert policy.decide(FEATS, snap, profiles)[0] == "32k"  # preferred at λ=0
-        policy.params = LifecycleParams(margin, lambda_override=lam_now)
-        return policy
 
-    head, reason, costs = settled(0.05, lam).decide(FEATS, snap, profiles)
-    assert min(costs, key=costs.__getitem__) == "262k"
-    assert head == "32k" and "kept 32k" in reason and "hysteresis" in reason
-    assert settled(0.0, lam).decide(FEATS, snap, profiles)[0] == "262k"
-    assert settled(0.05, 10 * lam).decide(FEATS, snap, profiles)[0] == "262k"  # a clear gain
+def test_minimum_dwell_and_switch_cap() -> None:
+    lam_big, lam_small = 10 * _lam_for_gain(0.03), 0.0
+    policy, t = _settled(0.0, lam_big, min_dwell_s=5.0, max_switches_per_min=2)
+    # The first choice starts no dwell: the first clear gain moves traffic at once.
+    assert policy.decide(FEATS, _SNAP, _TWO).head == "262k"
+    policy.params = LifecycleParams(0.0, lambda_override=lam_small, min_dwell_s=5.0,
+                                    max_switches_per_min=2)
+    c = policy.decide(FEATS, _SNAP, _TWO)
+    assert c.head == "262k" and c.code == "dwell" and "minimum dwell" in c.reason
+    t[0] = 5.0
+    assert policy.decide(FEATS, _SNAP, _TWO).head == "32k"  # 2nd switch within a minute
+    policy.params = LifecycleParams(0.0, lambda_override=lam_big, min_dwell_s=5.0,
+                                    max_switches_per_min=2)
+    t[0] = 11.0
+    c = policy.decide(FEATS, _SNAP, _TWO)
+    assert c.head == "32k" and c.code == "flap_cap"
+    t[0] = 61.0  # the first switch (t=0) left the 60 s window
+    assert policy.decide(FEATS, _SNAP, _TWO).head == "262k"
+    assert policy.stability.switches == 3

@@ -1,0 +1,94 @@
+"""Per-batch kernel choice: streaming (fused Triton on GPU, chunked torch on CPU) while the
+head group is memory-bound, GEMM + sampler (split) past the crossover b*.
+
+b* comes from the device's calibration when it has the exact (V, d, dtype, mode), else from
+the roofline (refitted with the calibration's efficiencies when there are any). Pure Python.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass
+
+from kernels.calibration import Calibration
+from kernels.devices import DeviceSpec
+from kernels.roofline import SPLIT_ONLY, roofline_crossover
+
+log = logging.getLogger(__name__)
+
+KERNELS = ("fused", "chunked", "split")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    kernel: str  # one of KERNELS
+    b_star: float  # crossover group size; inf: streaming always wins
+    source: str  # "calibration" | "roofline" | "split_only"
+
+
+def stream_kernel(device: DeviceSpec) -> str:
+    return "chunked" if device.is_cpu else "fused"
+
+
+def crossover(
+    vocab: int, d: int, dtype: str, mode: str, device: DeviceSpec,
+    calibration: Calibration | None = None,
+) -> tuple[float, str]:
+    if mode == SPLIT_ONLY:
+        return 1.0, SPLIT_ONLY
+    if calibration is not None and calibration.device == device.name:
+        b = calibration.b_star(vocab, d, dtype, mode)
+        if b is not None:
+            return b, "calibration"
+        return roofline_crossover(vocab, d, dtype, mode, device, calibration.fitted()), "roofline"
+    return roofline_crossover(vocab, d, dtype, mode, device), "roofline"
+
+
+def choose(
+    b: int, vocab: int, d: int, dtype: str, mode: str, device: DeviceSpec,
+    calibration: Calibration | None = None,
+) -> Plan:
+    """Stateless choice: split iff b >= b*."""
+    b_star, source = crossover(vocab, d, dtype, mode, device, calibration)
+    kernel = "split" if b >= b_star else stream_kernel(device)
+    return Plan(kernel, b_star, source)
+
+
+class Selector:
+    """`choose` with hysteresis: once on a path, stay until b leaves a band of ±h around b*.
+
+    Thread-safe; crossovers are cached per (V, d, dtype, mode, device).
+    """
+
+    def __init__(self, calibration: Calibration | None = None, hysteresis: float = 0.25):
+        if not 0 <= hysteresis < 1:
+            raise ValueError(f"hysteresis must be in [0, 1), got {hysteresis}")
+        self.calibration = calibration
+        self.hysteresis = hysteresis
+        self._crossovers: dict[tuple, tuple[float, str]] = {}
+        self._last: dict[tuple, str] = {}
+        self._lock = threading.Lock()
+
+    def choose(self, b: int, vocab: int, d: int, dtype: str, mode: str,
+               device: DeviceSpec) -> Plan:
+        key = (vocab, d, dtype, mode, device.name)
+        with self._lock:
+            if key not in self._crossovers:
+                self._crossovers[key] = crossover(vocab, d, dtype, mode, device, self.calibration)
+            b_star, source = self._crossovers[key]
+            kernel = self._pick(key, b, b_star, device)
+            self._last[key] = kernel
+        return Plan(kernel, b_star, source)
+
+    def _pick(self, key: tuple, b: int, b_star: float, device: DeviceSpec) -> str:
+        stream = stream_kernel(device)
+        if math.isinf(b_star) or b_star <= 1:
+            return "split" if b >= b_star else stream
+        prev = self._last.get(key)
+        if prev == "split":
+            return stream if b <= b_star * (1 - self.hysteresis) else "split"
+        if prev == stream:
+            return "split" if b >= b_star * (1 + self.hysteresis) else stream
+        return "split" if b >= b_star else stream

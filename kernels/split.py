@@ -1,0 +1,39 @@
+"""Split path: one GEMM writes the b×V fp32 logits, then a sampler reads them.
+
+On GPU the GEMM is cuBLAS with an fp32 output and the sampler is the fused kernel's epilogue
+(kernels/triton_fused.py, FROM_LOGITS); on CPU both halves are the reference's.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kernels import reference
+from kernels.sampling_params import SampleOutput, SamplingBatch
+
+log = logging.getLogger(__name__)
+
+
+def logits_fp32(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """hidden [b, d] @ weight [V, d]^T -> [b, V] fp32 with fp32 accumulation."""
+    if hidden.is_cuda and hidden.dtype == weight.dtype == torch.bfloat16:
+        # bf16 tensor-core GEMM, fp32 out: no fp32 copy of W and no bf16 rounding of logits.
+        return torch.mm(hidden, weight.T, out_dtype=torch.float32)
+    return reference.compute_logits(hidden, weight)
+
+
+def unembed_and_sample(
+    hidden: torch.Tensor, weight: torch.Tensor, batch: SamplingBatch,
+    bias: torch.Tensor | None = None,
+) -> SampleOutput:
+    """Same call and result as kernels.reference.unembed_and_sample."""
+    logits = logits_fp32(hidden, weight)  # [b, V]
+    if bias is not None:
+        logits = logits + bias.to(logits.device, torch.float32)
+    if logits.is_cuda:
+        from kernels.triton_fused import sample_logits  # triton: GPU-only dependency here
+
+        return sample_logits(logits, batch)
+    return reference.sample_from_logits(logits, batch)

@@ -1,0 +1,179 @@
+"""Policy documents: `{"name": ..., "params": {...}}`, validated strictly into frozen specs.
+
+Every switching policy shares the stability knobs (see router.stability): `margin`
+(hysteresis), `min_dwell_s` and `max_switches_per_min` (0 = no cap). InvalidPolicy names
+the bad field as a dotted path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.errors import InvalidPolicy
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MARGIN = 0.05
+DEFAULT_DWELL_S = 2.0
+DEFAULT_SWITCHES_PER_MIN = 10
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleParams:
+    margin: float = DEFAULT_MARGIN  # relative cost gain needed to leave the held head
+    lambda_override: float | None = None  # fixed λ instead of the live one (forecasts, tests)
+    min_dwell_s: float = DEFAULT_DWELL_S
+    max_switches_per_min: int = DEFAULT_SWITCHES_PER_MIN
+    spill: bool = False  # over the KV limit, route to the next-cheapest head instead of 429
+
+
+@dataclass(frozen=True, slots=True)
+class CostParams:
+    margin: float = DEFAULT_MARGIN
+    min_dwell_s: float = DEFAULT_DWELL_S
+    max_switches_per_min: int = DEFAULT_SWITCHES_PER_MIN
+    spill: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ThresholdParams:
+    """The paper's rule: B > batch_high and λ > lambda_high -> large; B <= batch_low -> small;
+    else mid. Heads default to the smallest, middle and largest vocabulary served."""
+
+    batch_high: float = 64
+    lambda_high: float = 10
+    batch_low: float = 1
+    small: str | None = None
+    mid: str | None = None
+    large: str | None = None
+    margin: float = DEFAULT_MARGIN  # the live B and λ must clear the rule by this fraction
+    min_dwell_s: float = DEFAULT_DWELL_S
+    max_switches_per_min: int = DEFAULT_SWITCHES_PER_MIN
+    spill: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedParams:
+    head: str
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedParams:
+    """A fixed traffic split (A/B tests). With min_dwell_s > 0 the split is served in runs of
+    at least that long, so each head group stays batched."""
+
+    weights: Mapping[str, float] = field(default_factory=dict)
+    min_dwell_s: float = 0.0
+    max_switches_per_min: int = 0
+    spill: bool = False
+
+
+Params = LifecycleParams | CostParams | ThresholdParams | PinnedParams | WeightedParams
+
+PARAMS: dict[str, type] = {
+    "lifecycle": LifecycleParams,
+    "cost": CostParams,
+    "threshold": ThresholdParams,
+    "pinned": PinnedParams,
+    "weighted": WeightedParams,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    name: str
+    params: Params
+
+    def to_doc(self) -> dict[str, Any]:
+        params = {f.name: getattr(self.params, f.name) for f in dataclasses.fields(self.params)}
+        if "weights" in params:
+            params["weights"] = dict(params["weights"])
+        return {"name": self.name, "params": params}
+
+
+# ---------------------------------------------------------------- field validators
+
+
+def _number(value: object, where: str, lo: float, hi: float = math.inf) -> float:
+    # bool is an int subclass; "margin": true is a typo, not 1.0.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidPolicy(where, f"must be a finite number, got {value!r}")
+    if not lo <= value < hi:
+        raise InvalidPolicy(where, f"must be in [{lo}, {hi}), got {value!r}")
+    return float(value)
+
+
+def _head(value: object, where: str, heads: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in heads:
+        raise InvalidPolicy(where, f"unknown head {value!r} (known: {', '.join(heads)})")
+    return value
+
+
+def _field(name: str, value: object, heads: Sequence[str]) -> object:
+    where = f"params.{name}"
+    if name == "margin":
+        return _number(value, where, 0.0, 1.0)
+    if name in ("lambda_override", "small", "mid", "large") and value is None:
+        return None
+    if name in ("lambda_override", "lambda_high", "min_dwell_s"):
+        return _number(value, where, 0.0)
+    if name in ("batch_high", "batch_low"):
+        return _number(value, where, 0.0)
+    if name == "max_switches_per_min":
+        n = _number(value, where, 0.0)
+        if n != int(n):
+            raise InvalidPolicy(where, f"must be an integer, got {value!r}")
+        return int(n)
+    if name == "spill":
+        if not isinstance(value, bool):
+            raise InvalidPolicy(where, f"must be true or false, got {value!r}")
+        return value
+    if name in ("head", "small", "mid", "large"):
+        return _head(value, where, heads)
+    if name == "weights":
+        if not isinstance(value, Mapping) or not value:
+            raise InvalidPolicy(where, "must be a non-empty object head -> weight")
+        weights = {_head(h, f"{where}.{h}", heads): _number(w, f"{where}.{h}", 0.0)
+                   for h, w in value.items()}
+        if sum(weights.values()) <= 0:
+            raise InvalidPolicy(where, "at least one weight must be > 0")
+        return weights
+    raise AssertionError(name)
+
+
+def parse_policy(doc: object, heads: Sequence[str]) -> PolicySpec:
+    """Validate `{"name": ..., "params": {...}}` strictly; InvalidPolicy names the bad field."""
+    if not isinstance(doc, Mapping):
+        raise InvalidPolicy("policy", f"must be an object, got {type(doc).__name__}")
+    for key in doc:
+        if key not in ("name", "params"):
+            raise InvalidPolicy(str(key), "unknown field (known: name, params)")
+    name = doc.get("name")
+    if name is None:
+        raise InvalidPolicy("name", "required")
+    if name not in PARAMS:
+        raise InvalidPolicy("name", f"unknown policy {name!r} (known: {', '.join(PARAMS)})")
+    params = doc.get("params", {})
+    if not isinstance(params, Mapping):
+        raise InvalidPolicy("params", f"must be an object, got {type(params).__name__}")
+    cls = PARAMS[name]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in params:
+        if key not in fields:
+            known = ", ".join(fields)
+            raise InvalidPolicy(f"params.{key}", f"unknown parameter of {name} (known: {known})")
+    for f in fields.values():
+        required = (f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING)
+        if required and f.name not in params:
+            raise InvalidPolicy(f"params.{f.name}", "required")
+    values = {k: _field(k, v, heads) for k, v in params.items()}
+    spec = PolicySpec(name, cls(**values))
+    if isinstance(spec.params, WeightedParams) and not spec.params.weights:
+        raise InvalidPolicy("params.weights", "required")
+    return spec

@@ -1,0 +1,88 @@
+"""Arrival traces: synthetic regimes (seeded, reproducible) and CSV/JSONL files.
+
+A trace is a list of SimRequest sorted by arrival. Text sizes are in bytes, so every head
+sees the same work; each head turns them into its own token counts.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    arrival_s: float
+    prompt_bytes: int
+    output_bytes: int  # the text the model would write if max_tokens allowed it
+    max_tokens: int
+
+
+def _sizes(rng: random.Random, prompt: float, output: float) -> tuple[int, int]:
+    # Log-normal around the medians: a few long prompts and long answers, like chat traffic.
+    return (max(16, int(rng.lognormvariate(math.log(prompt), 0.6))),
+            max(8, int(rng.lognormvariate(math.log(output), 0.5))))
+
+
+def poisson(rate: Callable[[float], float], duration_s: float, prompt: float, output: float,
+            max_tokens: int, seed: int, peak: float) -> list[SimRequest]:
+    """Non-homogeneous Poisson arrivals by thinning; `peak` bounds rate(t)."""
+    rng, t = random.Random(seed), 0.0
+    out: list[SimRequest] = []
+    while True:
+        t += rng.expovariate(peak)
+        if t >= duration_s:
+            return out
+        if rng.random() * peak <= rate(t):
+            p, o = _sizes(rng, prompt, output)
+            out.append(SimRequest(t, p, o, max_tokens))
+
+
+def edge(duration_s: float = 300, seed: int = 1) -> list[SimRequest]:
+    """One user at a time: ~0.1 req/s, short prompts."""
+    return poisson(lambda t: 0.1, duration_s, 600, 600, 512, seed, 0.1)
+
+
+def datacenter(duration_s: float = 300, seed: int = 2) -> list[SimRequest]:
+    """Busy serving: 30 req/s of chat requests (B in the tens to hundreds)."""
+    return poisson(lambda t: 30.0, duration_s, 2000, 1200, 512, seed, 30.0)
+
+
+def bursty(duration_s: float = 300, seed: int = 3) -> list[SimRequest]:
+    """Quiet (0.2 req/s) with 20 s bursts of 80 req/s every 100 s."""
+    return poisson(lambda t: 80.0 if t % 100 < 20 else 0.2, duration_s, 1500, 1000, 512,
+                   seed, 80.0)
+
+
+def diurnal(duration_s: float = 600, seed: int = 4) -> list[SimRequest]:
+    """A day compressed into `duration_s`: night ~0.1 req/s, midday peak 60 req/s."""
+    def rate(t: float) -> float:
+        day = 0.5 - 0.5 * math.cos(2 * math.pi * t / duration_s)  # 0 at night, 1 at noon
+        return 0.1 + 60.0 * day ** 3
+    return poisson(rate, duration_s, 1500, 1000, 512, seed, 60.1)
+
+
+TRACES: dict[str, Callable[..., list[SimRequest]]] = {
+    "edge": edge, "datacenter": datacenter, "bursty": bursty, "diurnal": diurnal,
+}
+
+
+def load_trace(path: Path) -> list[SimRequest]:
+    """CSV with a header, or JSON lines; fields arrival_s, prompt_bytes, output_bytes,
+    max_tokens (default 512)."""
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    else:
+        rows = list(csv.DictReader(text.splitlines()))
+    out = [SimRequest(float(r["arrival_s"]), int(r["prompt_bytes"]), int(r["output_bytes"]),
+                      int(r.get("max_tokens") or 512)) for r in rows]
+    return sorted(out, key=lambda r: r.arrival_s)

@@ -1,0 +1,18 @@
+"""Pick the backend named by settings.backend."""
+
+from __future__ import annotations
+
+from heads.checkpoint import Checkpoint
+from heads.engine.config import EngineConfig
+from server.backends.base import Backend
+from server.settings import Settings
+
+
+def make_backend(settings: Settings, ckpt: Checkpoint, econf: EngineConfig) -> Backend:
+    if settings.backend == "echo":
+        from server.backends.echo import EchoBackend
+
+        return EchoBackend(list(ckpt.manifest.head_names), settings.echo_token_delay_s)
+    from server.backends.local import LocalBackend
+
+    return LocalBackend(ckpt.model, econf, settings.torch_threads)

@@ -1,0 +1,205 @@
+"""polyhead bench gateway: what the gateway adds on top of the engine.
+
+Each backend gets its own `polyhead serve` process on loopback; an async httpx client in
+this process is the load generator:
+- latency: an open loop at a fixed rate; added latency per request = client latency minus
+  the engine's wait that the gateway reports in `server-timing: engine;dur=...`;
+- throughput: a closed loop at fixed concurrency; the sustained completions/s;
+- streams: N concurrent SSE streams held open (echo backend with a per-token delay).
+The load generator shares the machine with the gateway, so the figures are conservative.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+BODY = {"model": "tiny", "prompt": "bench", "max_tokens": 1, "temperature": 0}
+
+
+@dataclass
+class Result:
+    backend: str
+    phase: str
+    requests: int
+    errors: int
+    seconds: float
+    rps: float
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    added_p50_ms: float | None = None
+    added_p99_ms: float | None = None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
+
+
+def _engine_s(r: httpx.Response) -> float:
+    for part in r.headers.get("server-timing", "").split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if name == "engine" and dur:
+            return float(dur) / 1e3
+    return 0.0
+
+
+@contextmanager
+def gateway(model: str, port: int, log: Path, **env: str) -> Iterator[str]:
+    full = {**os.environ, "POLYHEAD_MODEL": model, "POLYHEAD_PORT": str(port),
+            "POLYHEAD_HOST": "127.0.0.1", "POLYHEAD_LOG_LEVEL": "WARNING", **env}
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve"], env=full,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            if proc.poll() is not None:
+                raise RuntimeError(f"gateway exited: {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+async def open_loop(url: str, backend: str, rps: float, seconds: float) -> Result:
+    lat, added, errors = [], [], 0
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+        for _ in range(20):  # warm-up: connections, code paths
+            await client.post(f"{url}/v1/completions", json=BODY)
+
+        async def one() -> None:
+            nonlocal errors
+            t0 = time.perf_counter()
+            r = await client.post(f"{url}/v1/completions", json=BODY)
+            dt = time.perf_counter() - t0
+            if r.status_code != 200:
+                errors += 1
+                return
+            lat.append(dt)
+            added.append(max(0.0, dt - _engine_s(r)))
+
+        n = int(rps * seconds)
+        start = time.perf_counter()
+        tasks = []
+        for i in range(n):
+            delay = start + i / rps - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one()))
+        await asyncio.gather(*tasks)
+        took = time.perf_counter() - start
+    return Result(backend, f"latency@{rps:g}rps", n, errors, took, len(lat) / took,
+                  _pct(lat, 0.5), _pct(lat, 0.99), _pct(added, 0.5), _pct(added, 0.99))
+
+
+async def closed_loop(url: str, backend: str, concurrency: int, seconds: float) -> Result:
+    done, errors, lat = 0, 0, []
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(
+            max_connections=concurrency, max_keepalive_connections=concurrency)) as client:
+        stop = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal done, errors
+            while time.perf_counter() < stop:
+                t0 = time.perf_counter()
+                r = await client.post(f"{url}/v1/completions", json=BODY)
+                if r.status_code == 200:
+                    done += 1
+                    lat.append(time.perf_counter() - t0)
+                else:
+                    errors += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        took = time.perf_counter() - start
+    return Result(backend, f"max-rps@c{concurrency}", done + errors, errors, took,
+                  done / took, _pct(lat, 0.5), _pct(lat, 0.99))
+
+
+async def hold_streams(url: str, n: int, tokens: int) -> Result:
+    ok, errors = 0, 0
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        body = {**BODY, "max_tokens": tokens, "stream": True}
+
+        async def one() -> None:
+            nonlocal ok, errors
+            try:
+                async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+                    last = ""
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: "):
+                            last = line
+                    ok += r.status_code == 200 and last == "data: [DONE]"
+                    errors += not (r.status_code == 200 and last == "data: [DONE]")
+            except httpx.HTTPError:
+                errors += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(n)))
+        took = time.perf_counter() - start
+    return Result("echo", f"{n} concurrent SSE streams", n, errors, took, ok / took)
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.processor())
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def table(rows: list[Result]) -> str:
+    head = (f"{'backend':8} {'phase':26} {'reqs':>6} {'err':>4} {'req/s':>8} {'p50 ms':>8} "
+            f"{'p99 ms':>8} {'added p50':>10} {'added p99':>10}")
+
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    lines = [head] + [
+        f"{r.backend:8} {r.phase:26} {r.requests:6d} {r.errors:4d} {r.rps:8.1f} {f(r.p50_ms):>8} "
+        f"{f(r.p99_ms):>8} {f(r.added_p50_ms):>10} {f(r.added_p99_ms):>10}" for r in rows]
+    return "\n".join(lines)
+
+
+def write(rows: list[Result], out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "bench_gateway.json"
+    path.write_text(json.dumps({"machine": machine(), "rows": [asdict(r) for r in rows]},
+                               indent=2))
+    return path
+
+
+def summary(rows: list[Result]) -> str:
+    lat = [r for r in rows if r.backend == "echo" and r.phase.startswith("latency")]
+    p50 = lat[0].added_p50_ms if lat else None
+    p99 = lat[0].added_p99_ms if lat else None
+    if p50 is None or p99 is None:
+        return ""
+    r = lat[0]
+    return (f"targets at {r.phase}: added p50 {p50:.2f} ms (< 2 ms: {p50 < 2}), "
+            f"added p99 {p99:.2f} ms (< 10 ms: {p99 < 10})")

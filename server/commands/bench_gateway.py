@@ -1,0 +1,58 @@
+"""polyhead bench gateway: the gateway's added latency, max req/s and held SSE streams."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register_bench(bsub: argparse._SubParsersAction) -> None:
+    p = bsub.add_parser("gateway", help="added latency p50/p99, max req/s, concurrent streams")
+    p.add_argument("--model", help="checkpoint directory (default: the tiny model)")
+    p.add_argument("--rps", type=float, default=200, help="open-loop rate for the latency run")
+    p.add_argument("--seconds", type=float, default=10, help="length of each timed run")
+    p.add_argument("--concurrency", type=int, default=32, help="closed-loop clients")
+    p.add_argument("--streams", type=int, default=1000, help="concurrent SSE streams to hold")
+    p.add_argument("--local-rps", type=float, default=20,
+                   help="open-loop rate against the local engine")
+    p.add_argument("--backends", default="echo,local", help="comma-separated: echo, local")
+    p.add_argument("--out", type=Path, default=Path("bench-results"))
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> None:
+    import asyncio
+    import tempfile
+
+    from server.bench_gateway import (
+        closed_loop,
+        free_port,
+        gateway,
+        hold_streams,
+        machine,
+        open_loop,
+        summary,
+        table,
+        write,
+    )
+    from server.model_source import resolve_model_dir
+    from server.settings import load_settings
+
+    model = args.model or str(resolve_model_dir("tiny", load_settings(None).cache_dir))
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    rows = []
+    logs = Path(tempfile.mkdtemp(prefix="polyhead-bench-"))
+    for backend in backends:
+        rps = args.rps if backend == "echo" else args.local_rps
+        with gateway(model, free_port(), logs / f"{backend}.log", POLYHEAD_BACKEND=backend,
+                     POLYHEAD_TORCH_THREADS="1") as url:
+            rows.append(asyncio.run(open_loop(url, backend, rps, args.seconds)))
+            rows.append(asyncio.run(closed_loop(url, backend, args.concurrency, args.seconds)))
+    if "echo" in backends and args.streams:
+        with gateway(model, free_port(), logs / "streams.log", POLYHEAD_BACKEND="echo",
+                     POLYHEAD_ECHO_TOKEN_DELAY_S="0.01") as url:
+            rows.append(asyncio.run(hold_streams(url, args.streams, tokens=300)))
+    print(f"machine: {machine()}")
+    print(table(rows))
+    print(summary(rows))
+    print(f"wrote {write(rows, args.out)}; gateway logs in {logs}")

@@ -1,0 +1,71 @@
+"""polyhead kernels ...: unembedding-kernel calibration for the per-batch selector."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+# The demo model's heads (Gemma-3-270M, d=640, and its trimmed vocabularies).
+DEMO_HEADS = ("32k=32768", "131k=131072", "262k=262144")
+DEMO_D = 640
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    kernels = sub.add_parser("kernels", help="unembedding kernels: calibration")
+    ksub = kernels.add_subparsers(dest="kernels_command", required=True, metavar="KERNELS_COMMAND")
+    cal = ksub.add_parser(
+        "calibrate", help="sweep b per head and mode, write the crossover b* to the cache")
+    cal.add_argument("--heads", nargs="+", default=list(DEMO_HEADS), metavar="NAME=V",
+                     help="head shapes (default: the demo model's 32k/131k/262k)")
+    cal.add_argument("--d", type=int, default=DEMO_D, help="hidden size (default 640)")
+    cal.add_argument("--dtype", nargs="+", default=["bfloat16"],
+                     choices=["bfloat16", "float32", "float16"])
+    cal.add_argument("--modes", nargs="+", default=["greedy", "sample", "top_k", "top_p"],
+                     choices=["greedy", "sample", "top_k", "top_p"])
+    cal.add_argument("--b-max", type=int, default=512, help="largest group size (power of 2)")
+    cal.add_argument("--repeats", type=int, default=5, help="timed calls per point (median)")
+    cal.add_argument("--threads", type=int, default=0,
+                     help="torch CPU threads (default: torch's choice)")
+    cal.add_argument("--out", type=Path, help="directory (default $POLYHEAD_CACHE_DIR/"
+                     "calibration, ~/.cache/polyhead/calibration)")
+    cal.set_defaults(run=_calibrate)
+
+
+def parse_heads(specs: list[str]) -> list[tuple[str, int]]:
+    out = []
+    for spec in specs:
+        name, sep, vocab = spec.partition("=")
+        if not sep or not vocab.isdigit():
+            raise ValueError(f"head must be NAME=V, got {spec!r}")
+        out.append((name, int(vocab)))
+    return out
+
+
+def _calibrate(args: argparse.Namespace) -> None:
+    import torch
+
+    from kernels.calibrate import Shape, calibrate
+    from kernels.calibration import save_calibration
+    from kernels.dispatch import device_spec
+    from server.logging_setup import configure_logging
+
+    configure_logging("text", "INFO")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = device_spec(torch_device)
+    shapes = [Shape(n, v, args.d) for n, v in parse_heads(args.heads)]
+    dtypes = [getattr(torch, d) for d in args.dtype]
+    cal = calibrate(shapes, dtypes, args.modes, device, torch_device, args.b_max, args.repeats)
+    path = save_calibration(cal, args.out)
+    print(f"device: {device.name} (ridge point {device.ridge_point:.1f} FLOP/B), "
+          f"streaming kernel: {cal.meta['stream_kernel']}")
+    print(f"{'head':<8}{'V':>8}{'dtype':>10}{'mode':>8}{'b*':>8}  swept b")
+    for e in cal.entries.values():
+        b = "inf" if e["b_star"] is None else f"{e['b_star']:.1f}"
+        print(f"{e['head']:<8}{e['V']:>8}{e['dtype']:>10}{e['mode']:>8}{b:>8}  "
+              f"{e['b'][0]}..{e['b'][-1]}")
+    print("fitted efficiency: " + ", ".join(
+        f"{k} {v:.2f}" for k, v in cal.efficiency.items() if not math.isnan(v)))
+    print(f"wrote {path}")

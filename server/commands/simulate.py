@@ -1,0 +1,87 @@
+"""polyhead simulate: replay a trace through the real router, for every policy and every
+static head, on one or more device profiles; print a table, write CSV and PNG."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from router.devices import lookup_device
+from router.simulate.compare import Row, best_static, compare, write_csv
+from router.simulate.traces import TRACES, SimRequest, load_trace
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="replay an arrival trace through the router")
+    p.add_argument("--trace", default="diurnal",
+                   help=f"a CSV/JSONL file, or one of: {', '.join(TRACES)}")
+    p.add_argument("--device", default="a100-80",
+                   help="device profile(s), comma-separated: a10g, a100-80, h100-sxm, h200, cpu")
+    p.add_argument("--duration", type=float, default=None, help="synthetic trace length, s")
+    p.add_argument("--lambda", dest="lam", type=float, default=100.0,
+                   help="forecast λ the lifecycle policy uses (served ÷ training bytes)")
+    p.add_argument("--out", type=Path, default=Path("simulate-out"))
+    p.add_argument("--no-plot", action="store_true")
+    p.set_defaults(run=run)
+
+
+def _trace(arg: str, duration: float | None) -> tuple[str, list[SimRequest]]:
+    if arg in TRACES:
+        return arg, TRACES[arg](duration) if duration else TRACES[arg]()
+    return Path(arg).stem, load_trace(Path(arg))
+
+
+def print_table(rows: Sequence[Row]) -> None:
+    best = best_static(rows).result.cost_s_per_mb
+    print(f"{'trace':10} {'device':9} {'policy':14} {'s/MB':>9} {'vs best':>8} "
+          f"{'p50 s':>8} {'p99 s':>8} {'switch':>6}  share")
+    for r in rows:
+        c = r.cells()
+        share = " ".join(f"{k[6:]}={v:.2f}" for k, v in c.items() if k.startswith("share_"))
+        print(f"{r.trace:10} {r.device:9} {r.policy:14} {c['cost_s_per_mb']:9.4g} "
+              f"{r.result.cost_s_per_mb / best:8.3f} {c['p50_s']:8.3g} {c['p99_s']:8.3g} "
+              f"{c['switches']:6d}  {share}")
+
+
+def plot(rows: Sequence[Row], path: Path) -> None:
+    import matplotlib  # lazily: only the CLI draws
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    devices = list(dict.fromkeys(r.device for r in rows))
+    fig, axes = plt.subplots(1, len(devices), figsize=(5 * len(devices), 4), squeeze=False)
+    for ax, dev in zip(axes[0], devices, strict=True):
+        sub = [r for r in rows if r.device == dev]
+        best = best_static(sub).result.cost_s_per_mb
+        ax.bar([r.policy for r in sub], [r.result.cost_s_per_mb / best for r in sub],
+               color=["tab:blue" if not r.policy.startswith("static") else "tab:gray"
+                      for r in sub])
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_title(f"{sub[0].trace} on {dev}")
+        ax.set_ylabel("device-s per MB ÷ best static head")
+        ax.tick_params(axis="x", rotation=45)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> None:
+    name, trace = _trace(args.trace, args.duration)
+    rows: list[Row] = []
+    for dev in args.device.split(","):
+        device_rows = compare(trace, name, lookup_device(dev.strip()), lam=args.lam)
+        print_table(device_rows)
+        rows.extend(device_rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    csv_path = args.out / f"simulate-{name}.csv"
+    write_csv(rows, csv_path)
+    print(f"wrote {csv_path}")
+    if not args.no_plot:
+        png = args.out / f"simulate-{name}.png"
+        plot(rows, png)
+        print(f"wrote {png}")

@@ -1,0 +1,65 @@
+"""Where λ's counters persist: a Redis store when `redis_url` is set, else a local file.
+
+Redis layout (shared by every replica): hashes `<prefix>served_bytes` and
+`<prefix>served_tokens` (head -> count, HINCRBY in one MULTI/EXEC) and the string
+`<prefix>lambda_forecast` (absent: none).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import redis
+
+from router.store import Counters, FileStore, Store
+from server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class RedisStore:
+    def __init__(self, url: str, prefix: str = "polyhead:lambda:") -> None:
+        # Short timeouts: the sync loop runs in a worker thread and retries next interval.
+        self.client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0,
+                                           decode_responses=True)
+        self.prefix = prefix
+
+    def load(self) -> Counters:
+        p = self.prefix
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(p + "served_bytes")
+            pipe.hgetall(p + "served_tokens")
+            pipe.get(p + "lambda_forecast")
+            served, tokens, forecast = pipe.execute()
+        return Counters({k: int(v) for k, v in served.items()},
+                        {k: int(v) for k, v in tokens.items()},
+                        None if forecast is None else float(forecast))
+
+    def add(self, served_bytes: Mapping[str, int], served_tokens: Mapping[str, int]) -> None:
+        with self.client.pipeline(transaction=True) as pipe:
+            for h, v in served_bytes.items():
+                pipe.hincrby(self.prefix + "served_bytes", h, v)
+            for h, v in served_tokens.items():
+                pipe.hincrby(self.prefix + "served_tokens", h, v)
+            pipe.execute()
+
+    def set_forecast(self, lam: float | None) -> None:
+        key = self.prefix + "lambda_forecast"
+        if lam is None:
+            self.client.delete(key)
+        else:
+            self.client.set(key, repr(float(lam)))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def make_store(settings: Settings) -> Store:
+    if settings.redis_url:
+        log.info("λ counters in Redis")
+        return RedisStore(settings.redis_url)
+    path = settings.lambda_store or Path(settings.cache_dir) / "lambda.json"
+    log.info("λ counters in %s", path)
+    return FileStore(path)

@@ -1,0 +1,93 @@
+"""Per-client rate limits: requests/min and tokens/min in fixed one-minute windows.
+
+`RateLimiter.acquire` returns None when the request fits, else the seconds until the
+window resets (the Retry-After). The Redis limiter shares windows across replicas and
+falls back to a local window while Redis is unreachable.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from server.redis_state import RedisHealth
+
+WINDOW_S = 60
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimits:
+    rpm: int  # 0 = unlimited
+    tpm: int
+
+    @property
+    def active(self) -> bool:
+        return self.rpm > 0 or self.tpm > 0
+
+    def over(self, requests: int, tokens: int) -> bool:
+        return (self.rpm > 0 and requests > self.rpm) or (self.tpm > 0 and tokens > self.tpm)
+
+
+class RateLimiter(Protocol):
+    async def acquire(self, key: str, tokens: int) -> float | None: ...
+
+
+def _window(now: float) -> tuple[int, float]:
+    """(window number, seconds until it ends, at least 1)."""
+    return int(now // WINDOW_S), max(1.0, math.ceil(WINDOW_S - now % WINDOW_S))
+
+
+class MemoryRateLimiter:
+    def __init__(self, limits: RateLimits) -> None:
+        self.limits = limits
+        self._counts: dict[str, tuple[int, int, int]] = {}  # key -> (window, requests, tokens)
+
+    async def acquire(self, key: str, tokens: int) -> float | None:
+        return self.acquire_now(key, tokens, time.time())
+
+    def acquire_now(self, key: str, tokens: int, now: float) -> float | None:
+        window, retry_after = _window(now)
+        w, reqs, toks = self._counts.get(key, (window, 0, 0))
+        if w != window:
+            reqs, toks = 0, 0
+        if self.limits.over(reqs + 1, toks + tokens):
+            return retry_after
+        self._counts[key] = (window, reqs + 1, toks + tokens)
+        return None
+
+
+class RedisRateLimiter:
+    def __init__(self, client: aioredis.Redis, limits: RateLimits, health: RedisHealth,
+                 prefix: str = "polyhead:rl:") -> None:
+        self.client = client
+        self.limits = limits
+        self.health = health
+        self.prefix = prefix
+        self.fallback = MemoryRateLimiter(limits)
+
+    async def acquire(self, key: str, tokens: int) -> float | None:
+        now = time.time()
+        window, retry_after = _window(now)
+        name = f"{self.prefix}{key}:{window}"
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hincrby(name, "requests", 1)
+                pipe.hincrby(name, "tokens", tokens)
+                pipe.expire(name, 2 * WINDOW_S)
+                reqs, toks, _ = await pipe.execute()
+            if self.limits.over(reqs, toks):
+                async with self.client.pipeline(transaction=True) as pipe:
+                    pipe.hincrby(name, "requests", -1)
+                    pipe.hincrby(name, "tokens", -tokens)
+                    await pipe.execute()
+                return retry_after
+        except (RedisError, OSError) as e:
+            self.health.mark(False, e)
+            return self.fallback.acquire_now(key, tokens, now)
+        self.health.mark(True)
+        return None

@@ -1,0 +1,109 @@
+"""Admin API, operations: heads (list, drain, undrain), state, policy rollback, audit tail."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from fastapi import APIRouter, Header, Query
+
+from router.errors import RouterError
+from router.router import Router
+from server.deps import AdminDep, AuditDep, MetricsDep, RouterDep, ServiceDep, SettingsDep
+from server.errors import Conflict, NotFound
+from server.policy_ops import parse_if_match
+from server.routes.admin import policy_view
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/admin")
+
+
+def _head_state(r: Router, head: str) -> str:
+    return "drained" if head in r.drained else "active"
+
+
+@router.get("/heads")
+async def list_heads(_: AdminDep, svc: ServiceDep, settings: SettingsDep) -> dict:
+    svc.refresh_load()
+    snap = svc.state.snapshot()
+    heads = [
+        {"name": h.name, "vocab_size": h.vocab_size, "bytes_per_token": h.bytes_per_token,
+         "bpb": h.bpb, "live_batch": snap.running[h.name], "queue": snap.waiting[h.name],
+         # The local engine caps its running batch across heads; a KV-derived per-head
+         # maximum replaces this once admission computes one.
+         "max_batch": settings.max_num_seqs if settings.backend == "local" else None,
+         "lambda": snap.lam(h.name), "state": _head_state(svc.router, h.name)}
+        for h in svc.manifest.heads
+    ]
+    return {"heads": heads}
+
+
+async def _set_drained(head: str, drained: bool, actor: str, svc: ServiceDep,
+                       m: MetricsDep, audit: AuditDep) -> dict:
+    r = svc.router
+    if head not in r.heads:
+        raise NotFound(f"head '{head}' does not exist; heads: {', '.join(r.heads)}",
+                       param="head")
+    before = _head_state(r, head)
+    r.set_drained(head, drained)  # in-flight requests keep running on it
+    m.head_up.labels(head).set(0 if drained else 1)
+    after = _head_state(r, head)
+    if before != after:
+        audit.append(actor, "head.drain" if drained else "head.undrain",
+                     {"head": head, "state": before}, {"head": head, "state": after})
+        log.info("head %s %s by %s", head, after, actor)
+    return {"head": head, "state": after}
+
+
+@router.post("/heads/{head}/drain")
+async def drain(head: str, actor: AdminDep, svc: ServiceDep, m: MetricsDep,
+                audit: AuditDep) -> dict:
+    return await _set_drained(head, True, actor, svc, m, audit)
+
+
+@router.post("/heads/{head}/undrain")
+async def undrain(head: str, actor: AdminDep, svc: ServiceDep, m: MetricsDep,
+                  audit: AuditDep) -> dict:
+    return await _set_drained(head, False, actor, svc, m, audit)
+
+
+@router.get("/state")
+async def state(_: AdminDep, svc: ServiceDep, r: RouterDep) -> dict:
+    svc.refresh_load()
+    snap = svc.state.snapshot()
+    device = r.device
+    return {
+        "lambda": {"all": snap.lam(), **{h: snap.lam(h) for h in r.heads}},
+        "counters": {"served_bytes": dict(snap.served_bytes),
+                     "served_tokens": dict(snap.served_tokens),
+                     "running": dict(snap.running), "waiting": dict(snap.waiting)},
+        "policy": policy_view(r),
+        "drained": sorted(r.drained),
+        "calibration": {
+            "status": "roofline",  # no measured calibration is loaded by the gateway yet
+            "device": dataclasses.asdict(device) if dataclasses.is_dataclass(device) else {},
+        },
+    }
+
+
+@router.post("/policy/rollback")
+async def rollback(actor: AdminDep, r: RouterDep, m: MetricsDep, audit: AuditDep,
+                   if_match: str | None = Header(default=None)) -> dict:
+    before = policy_view(r)
+    if not r.can_rollback:
+        raise Conflict("no previous policy to roll back to")
+    try:
+        version = r.rollback(actor, parse_if_match(if_match))
+    except RouterError as e:
+        if type(e) is RouterError:  # raced with another rollback; VersionConflict maps itself
+            raise Conflict(str(e)) from None
+        raise
+    m.set_policy(r.policy_doc["name"], version, actor)
+    m.policy_switches.labels("rollback").inc()
+    audit.append(actor, "policy.rollback", before, policy_view(r))
+    return policy_view(r)
+
+
+@router.get("/audit")
+async def audit_tail(_: AdminDep, audit: AuditDep, n: int = Query(default=50, ge=1, le=1000)):
+    return {"records": audit.tail(n)}

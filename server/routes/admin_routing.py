@@ -1,0 +1,77 @@
+"""Admin API for routing: decision records, the forecast λ, admission state (admin token)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict
+
+from router.store import StateSync
+from server.deps import AdminDep, ServiceDep
+from server.errors import BadRequest
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/admin")
+
+
+class LambdaForecast(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # Served bytes ÷ training bytes the operator expects; null clears it (measured λ again).
+    forecast: float | None
+
+
+@router.get("/decisions")
+async def decisions(_: AdminDep, svc: ServiceDep,
+                    limit: int = Query(default=50, ge=1, le=10_000)) -> dict:
+    log_ = svc.router.decisions
+    return {"capacity": log_.capacity, "total": log_.total,
+            "decisions": [d.to_record() for d in log_.last(limit)]}
+
+
+def lambda_view(svc: ServiceDep) -> dict:
+    snap = svc.state.snapshot()
+    return {"measured": snap.lam(), "forecast": snap.lambda_forecast,
+            "effective": snap.effective_lam(),
+            "heads": {h: {"lambda": snap.lam(h), "served_bytes": snap.served_bytes[h],
+                          "served_tokens": snap.served_tokens[h],
+                          "training_bytes": snap.training_bytes[h]}
+                      for h in svc.router.heads}}
+
+
+@router.get("/lambda")
+async def get_lambda(_: AdminDep, svc: ServiceDep) -> dict:
+    return lambda_view(svc)
+
+
+@router.put("/lambda")
+async def put_lambda(body: LambdaForecast, actor: AdminDep, svc: ServiceDep,
+                     request: Request) -> dict:
+    lam = body.forecast
+    if lam is not None and (not math.isfinite(lam) or lam < 0):
+        raise BadRequest("forecast must be a finite number >= 0, or null", param="forecast")
+    sync: StateSync | None = getattr(request.app.state, "lambda_sync", None)
+    if sync is None:
+        svc.state.set_lambda_forecast(lam)
+    else:  # persisted, so replicas and restarts see it
+        await asyncio.to_thread(sync.set_forecast, lam)
+    log.info("λ forecast set to %s by %s", lam, actor)
+    return lambda_view(svc)
+
+
+@router.get("/admission")
+async def admission(_: AdminDep, svc: ServiceDep) -> dict:
+    gate = svc.admission
+    if gate is None:
+        return {"enabled": False}
+    a = gate.admission
+    used = svc.backend.kv_blocks()[0]
+    return {"enabled": True, "total_blocks": a.budget.total_blocks,
+            "block_size": a.budget.block_size, "reserved_blocks": a.reserved_blocks,
+            "engine_used_blocks": used, "queue": gate.waiting,
+            "output_bytes_per_max_token": a.ratio.bytes_per_max_token(),
+            "drain_blocks_per_s": a.drain_rate(),
+            "heads": {h: {"admitted": a.admitted(h), "max_batch": a.max_batch(h, used),
+                          "typical_blocks": a.typical_blocks(h)} for h in svc.router.heads}}

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import pytest
+
+from router.calibration import CalibratedTimer, StepSample
+from router.cost import Group, mixed_step_cost
+from router.devices import DEVICES
+from tests.router.helpers import heads
+
+DEV = DEVICES["a100-80"]
+
+
+def _true_time(groups: list[Group]) -> float:
+    # A device at 60% of peak bandwidth, 40% of peak FLOP/s, with 200 µs of host time a step.
+    c = mixed_step_cost(groups, DEV)
+    return 200e-6 + c.memory_s / 0.6 + c.compute_s / 0.4
+
+
+def test_fit_recovers_efficiencies_and_predicts_unmeasured_shapes() -> None:
+    profiles = heads()
+    timer = CalibratedTimer(DEV, profiles)
+    unmeasured = [Group(profiles[2], 48, 3000.0)]
+    assert timer.fit is None
+    assert timer.step_time(unmeasured) == mixed_step_cost(unmeasured, DEV).estimate_s
+    for h in profiles[:2]:
+        for b in (1, 2, 8, 32, 128, 512):
+            for ctx in (100.0, 900.0, 7000.0):
+                g = [Group(h, b, ctx)]
+                timer.record(StepSample(((h.name, b, ctx),), _true_time(g)))
+    fit = timer.fit
+    assert fit is not None and fit.rms_rel_error < 1e-6
+    assert fit.overhead_s == pytest.approx(200e-6, rel=1e-3)
+    assert fit.mem_scale == pytest.approx(1 / 0.6, rel=1e-3)
+    assert fit.cmp_scale == pytest.approx(1 / 0.4, rel=1e-3)
+    assert timer.step_time(unmeasured) == pytest.approx(_true_time(unmeasured), rel=1e-3)
+
+
+def test_measured_shape_uses_its_own_smoothed_time() -> None:
+    profiles = heads()
+    timer = CalibratedTimer(DEV, profiles)
+    timer.record(StepSample((("32k", 4, 500.0),), 0.010))
+    timer.record(StepSample((("32k", 4, 510.0),), 0.020))  # same context bucket
+    assert timer.step_time([Group(profiles[0], 4, 505.0)]) == pytest.approx(0.012)
+    timer.record(StepSample((("nope", 4, 500.0),), 1.0))  # unknown heads are ignored
