@@ -14,6 +14,7 @@ with a one-line message and leaves no partial GGUF or model directory behind.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import logging
@@ -89,7 +90,8 @@ def fetch_model(
     from heads.loaders.source import write_checkpoint
 
     try:
-        src = load_gguf(gguf, progress=progress)
+        # Served under the name users fetch it by ("gemma3-270m"), not the GGUF's own label.
+        src = dataclasses.replace(load_gguf(gguf, progress=progress), model_name=name)
         write_checkpoint(src, out, extra={"fetch": name, "gguf_sha256": recipe.sha256,
                                           "training_tokens": recipe.training_tokens})
     except OSError as e:

@@ -47,3 +47,12 @@ class AdmissionRejected(RouterError):
         self.head = head
         self.retry_after_s = retry_after_s
         self.why = why
+
+
+class InvalidForecast(RouterError):
+    """A deployment forecast failed validation; `field` is a path such as `regimes[1].share`."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message

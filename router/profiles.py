@@ -15,6 +15,7 @@ log = logging.getLogger(__name__)
 # heads/ measures the real value per head and the manifest records it.
 _BPT_A = 0.7 / math.log(8.0)
 _BPT_B = 3.9 - _BPT_A * math.log(32768.0)
+BPT_LOG_SLOPE = _BPT_A  # bytes/token per e-fold of V, for fits through one measured head
 
 
 def estimate_bytes_per_token(vocab_size: int) -> float:

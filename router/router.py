@@ -139,6 +139,23 @@ class Router:
         log.info("policy v%d set by %s: %s", old.version + 1, actor, spec.to_doc())
         return old.version + 1
 
+    def adopt(self, doc: Mapping[str, Any], version: int, changed_by: str, changed_at: float,
+              force: bool = False, keep_history: bool = True) -> bool:
+        """Take a policy set elsewhere (another replica, the persisted store) under its own
+        version, without bumping it; only if that version is newer than the active one
+        (`force`: also an equal or older one). Returns whether it was adopted."""
+        spec = parse_policy(doc, self._heads)
+        policy = self._build(spec)
+        with self._lock:
+            old = self._active
+            if not force and version <= old.version:
+                return False
+            if keep_history:
+                self._history.append(old)
+            self._active = _Active(spec, policy, version, changed_by, changed_at)
+        log.info("policy v%d (set by %s) adopted: %s", version, changed_by, spec.to_doc())
+        return True
+
     def set_drained(self, head: str, drained: bool) -> None:
         """Take a head out of routing (or back in); requests already routed keep running."""
         if head not in self._heads:

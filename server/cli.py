@@ -8,11 +8,12 @@ import sys
 from pydantic import ValidationError
 
 from heads.errors import HeadsError
-from server.commands import bench, corpus, heads, kernels, model, serve, simulate
+from router.errors import RouterError
+from server.commands import bench, corpus, heads, kernels, model, plan, serve, simulate
 from server.commands.errors import CliError
 
 # Command groups in `--help` order; each module has `register(subparsers)`.
-COMMANDS = (serve, model, heads, corpus, kernels, simulate, bench)
+COMMANDS = (serve, model, heads, corpus, kernels, simulate, plan, bench)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         args.run(args)
-    except (CliError, HeadsError, FileNotFoundError, ValueError) as e:
+    except (CliError, HeadsError, RouterError, FileNotFoundError, ValueError) as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         if isinstance(e, ValidationError):
             first = e.errors()[0]

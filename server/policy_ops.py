@@ -1,12 +1,36 @@
-"""Helpers of the policy admin routes: If-Match parsing and the dry-run report."""
+"""Helpers of the policy admin routes: If-Match parsing, the dry-run report, persistence."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections import Counter
 from typing import Any
 
+from fastapi import Request
+
+from router.errors import VersionConflict
 from router.router import Router
+from router.store import PolicySync
 from server.errors import BadRequest
+
+log = logging.getLogger(__name__)
+
+
+async def persist_policy(request: Request, version: int) -> None:
+    """Save the policy just set as `version` (and, with Redis, publish it). If another
+    replica stored a version at least as new first, this replica adopts that one and the
+    change is answered 409."""
+    ps: PolicySync | None = getattr(request.app.state, "policy_sync", None)
+    if ps is None:
+        return
+    try:
+        winner = await asyncio.to_thread(ps.push)
+    except Exception as e:  # kept locally; the Redis version check saves it later
+        log.error("policy v%d not persisted: %s", version, e)
+        return
+    if winner is not None:
+        raise VersionConflict(version - 1, winner.version)
 
 
 def parse_if_match(value: str | None) -> int | None:

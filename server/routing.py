@@ -3,6 +3,9 @@
 - λ persistence: restore the counters from the store at startup, then flush and pull them
   every `lambda_sync_s` (in a worker thread: the file store fsyncs, Redis is a network hop),
   and once more at shutdown;
+- the routing policy, in the same store: restored at startup (the configured policy is only
+  the first-boot default), saved after each admin change, and with Redis followed live
+  (pub/sub, plus a version check every second in case a message was missed);
 - KV admission: the gate in front of the engine, sized from the engine's KV blocks;
 - the routing gauges, refreshed at scrape time.
 """
@@ -15,11 +18,12 @@ import logging
 import math
 from collections.abc import AsyncIterator
 
+import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from router.admission import Admission, KVBudget, OutputRatio
 from router.calibration import CalibratedTimer
-from router.store import StateSync
+from router.store import PolicySync, StateSync
 from server.admission_gate import AdmissionGate
 from server.lambda_store import RedisStore, make_store
 from server.metrics import Metrics
@@ -53,6 +57,29 @@ async def _sync_forever(sync: StateSync, interval_s: float, gate: AdmissionGate 
             gate.admission.reap(TICKET_TTL_S)
 
 
+POLICY_CHECK_S = 1.0  # version check of the shared policy, on top of pub/sub
+
+
+async def _follow_policy(ps: PolicySync, store: RedisStore) -> None:
+    """Adopt other replicas' policy changes: on each pub/sub message, and every second."""
+    while True:
+        client = aioredis.Redis.from_url(store.url, socket_connect_timeout=1.0)
+        try:
+            async with client.pubsub() as pubsub:
+                await pubsub.subscribe(store.policy_channel)
+                while True:
+                    await pubsub.get_message(ignore_subscribe_messages=True,
+                                             timeout=POLICY_CHECK_S)
+                    await asyncio.to_thread(ps.pull)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # Redis down: retry; the local policy keeps routing meanwhile
+            log.warning("policy follow failed: %s", e)
+            await asyncio.sleep(POLICY_CHECK_S)
+        finally:
+            await client.aclose()
+
+
 @contextlib.asynccontextmanager
 async def routing_services(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     svc: GatewayService = app.state.service
@@ -63,14 +90,24 @@ async def routing_services(app: FastAPI, settings: Settings) -> AsyncIterator[No
         await asyncio.to_thread(sync.restore)
     except Exception as e:
         log.error("λ store unreachable at startup (%s); counting from zero until it is", e)
+    policy = PolicySync(svc.router, store, lambda: svc.metrics.set_policy(
+        svc.router.policy_doc["name"], svc.router.version, svc.router.changed_by))
+    app.state.policy_sync = policy
+    try:
+        await asyncio.to_thread(policy.restore)
+    except Exception as e:
+        log.error("policy store unreachable at startup (%s); using the configured policy", e)
     svc.admission = build_gate(svc, settings)
-    task = asyncio.create_task(_sync_forever(sync, settings.lambda_sync_s, svc.admission))
+    tasks = [asyncio.create_task(_sync_forever(sync, settings.lambda_sync_s, svc.admission))]
+    if isinstance(store, RedisStore):
+        tasks.append(asyncio.create_task(_follow_policy(policy, store)))
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         try:
             await asyncio.to_thread(sync.flush)
         except Exception as e:

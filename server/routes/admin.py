@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Query, Request
 
 from router.router import Router
 from server.deps import AdminDep, AuditDep, MetricsDep, RouterDep
-from server.policy_ops import dry_run_report, parse_if_match
+from server.policy_ops import dry_run_report, parse_if_match, persist_policy
 from server.schemas import PolicyDocument
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,7 @@ async def get_policy(_: AdminDep, r: RouterDep) -> dict:
 @router.put("/policy")
 async def put_policy(
     doc: PolicyDocument, actor: AdminDep, r: RouterDep, m: MetricsDep, audit: AuditDep,
+    request: Request,
     if_match: str | None = Header(default=None),
     dry_run: bool = Query(default=False),
     n: int = Query(default=100, ge=1, le=1000),
@@ -38,6 +39,7 @@ async def put_policy(
     # Validated, then swapped atomically; requests already routed keep their head.
     # If-Match: a stale version gets 409 and changes nothing.
     version = r.set_policy(doc.model_dump(), actor, parse_if_match(if_match))
+    await persist_policy(request, version)
     m.set_policy(doc.name, version, actor)
     m.policy_switches.labels("set").inc()
     audit.append(actor, "policy.set", before, policy_view(r))

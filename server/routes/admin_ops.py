@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Query, Request
 
 from router.errors import RouterError
 from router.router import Router
 from server.deps import AdminDep, AuditDep, MetricsDep, RouterDep, ServiceDep, SettingsDep
 from server.errors import Conflict, NotFound
-from server.policy_ops import parse_if_match
+from server.policy_ops import parse_if_match, persist_policy
 from server.routes.admin import policy_view
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ async def state(_: AdminDep, svc: ServiceDep, r: RouterDep) -> dict:
 
 @router.post("/policy/rollback")
 async def rollback(actor: AdminDep, r: RouterDep, m: MetricsDep, audit: AuditDep,
-                   if_match: str | None = Header(default=None)) -> dict:
+                   request: Request, if_match: str | None = Header(default=None)) -> dict:
     before = policy_view(r)
     if not r.can_rollback:
         raise Conflict("no previous policy to roll back to")
@@ -98,6 +98,7 @@ async def rollback(actor: AdminDep, r: RouterDep, m: MetricsDep, audit: AuditDep
         if type(e) is RouterError:  # raced with another rollback; VersionConflict maps itself
             raise Conflict(str(e)) from None
         raise
+    await persist_policy(request, version)
     m.set_policy(r.policy_doc["name"], version, actor)
     m.policy_switches.labels("rollback").inc()
     audit.append(actor, "policy.rollback", before, policy_view(r))
