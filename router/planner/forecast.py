@@ -120,7 +120,8 @@ def _backbone(raw: Any) -> Backbone:
 
 def _candidates(raw: Any) -> tuple[Candidate, ...]:
     if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
-        raise InvalidForecast("vocab", "must be a non-empty list of sizes or {size, bytes_per_token}")
+        raise InvalidForecast("vocab",
+                              "must be a non-empty list of sizes or {size, bytes_per_token}")
     given: list[tuple[int, float | None]] = []
     for i, item in enumerate(raw):
         field = f"vocab[{i}]"

@@ -13,6 +13,7 @@ import sys
 import router, router.router, router.cost, router.policy, router.state, router.devices
 import router.admission, router.calibration, router.store, router.decisions
 import router.simulate.compare, router.simulate.engine, router.simulate.traces
+import router.planner, router.planner.plan, router.planner.forecast, router.planner.bpt
 heavy = sorted(m for m in ("torch", "numpy", "fastapi", "matplotlib", "redis")
                if m in sys.modules)
 assert not heavy, heavy
