@@ -28,7 +28,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(fmt: str, level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.addFilter(RequestIdFilter())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
@@ -37,3 +37,16 @@ def configure_logging(fmt: str, level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at emit time, not at configuration time, so a
+    redirected or replaced stderr (test capture, daemonizing) never leaves a closed stream."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass

@@ -1,10 +1,10 @@
 """Redis connection health and counters that survive a Redis outage.
 
-`BufferedCounters.incr` adds to a local pending table, then tries to flush it to Redis
-(HINCRBY in one MULTI/EXEC). While Redis is down the increments stay pending and a
-reconciler task retries every second, so nothing is lost when Redis comes back. One gap
-remains: if the connection dies after EXEC ran but before its reply arrived, that batch is
-applied twice. This is the seam for issue 5's λ store: pass its counter writes through here.
+`BufferedCounters.incr` adds to a local pending table, then flushes it to Redis as one
+batch. While Redis is down the batches stay queued and a reconciler task retries every
+second, so nothing is lost when Redis comes back. Each batch carries an id, and a Lua script
+applies it only if that id is new: a retry after a connection that died between applying a
+batch and replying does not count it twice (exactly once, not at least once).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import collections
 import contextlib
 import logging
 import time
+import uuid
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -23,6 +24,17 @@ from redis.exceptions import RedisError
 log = logging.getLogger(__name__)
 
 RETRY_INTERVAL_S = 1.0
+DEDUP_TTL_S = 86400  # how long a batch id is remembered; outages longer than this re-count
+
+# KEYS[1]: the batch id's marker; KEYS[i+1]: the hash of the i-th increment.
+# ARGV[1]: marker TTL; ARGV[2i], ARGV[2i+1]: field and amount of the i-th increment.
+_APPLY_ONCE = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+for i = 2, #KEYS do
+  redis.call('HINCRBY', KEYS[i], ARGV[2 * i - 2], ARGV[2 * i - 1])
+end
+return 1
+"""
 
 
 def connect(url: str) -> aioredis.Redis:
@@ -54,12 +66,16 @@ class BufferedCounters:
         self.health = health
         self.prefix = prefix
         self._pending: collections.Counter[tuple[str, str]] = collections.Counter()
+        # Batches sent (or tried) but not confirmed, oldest first, each under a fixed id.
+        self._unconfirmed: list[tuple[str, collections.Counter[tuple[str, str]]]] = []
+        self._lock = asyncio.Lock()  # one flush at a time keeps batches in order
         self._next_try = 0.0
 
     @property
     def pending(self) -> int:
-        """Increments not yet in Redis."""
-        return sum(self._pending.values())
+        """Increments not yet confirmed by Redis."""
+        return sum(self._pending.values()) + sum(
+            sum(b.values()) for _, b in self._unconfirmed)
 
     async def incr(self, key: str, amounts: dict[str, int]) -> None:
         """HINCRBY key field amount for each field, in one round trip (or buffered)."""
@@ -68,20 +84,32 @@ class BufferedCounters:
         await self.flush()
 
     async def flush(self) -> None:
-        if not self._pending or (not self.health.up and time.monotonic() < self._next_try):
-            return
-        batch, self._pending = self._pending, collections.Counter()
-        try:
-            async with self.client.pipeline(transaction=True) as pipe:
-                for (key, field), amount in batch.items():
-                    pipe.hincrby(self.prefix + key, field, amount)
-                await pipe.execute()
-        except (RedisError, OSError) as e:
-            self._pending.update(batch)  # keep them for the reconciler
-            self._next_try = time.monotonic() + RETRY_INTERVAL_S
-            self.health.mark(False, e)
-            return
-        self.health.mark(True)
+        async with self._lock:
+            if not (self._pending or self._unconfirmed) or (
+                    not self.health.up and time.monotonic() < self._next_try):
+                return
+            if self._pending:
+                self._unconfirmed.append((uuid.uuid4().hex, self._pending))
+                self._pending = collections.Counter()
+            while self._unconfirmed:
+                batch_id, batch = self._unconfirmed[0]
+                try:
+                    await self._apply_once(batch_id, batch)
+                except (RedisError, OSError) as e:
+                    self._next_try = time.monotonic() + RETRY_INTERVAL_S
+                    self.health.mark(False, e)
+                    return
+                self._unconfirmed.pop(0)
+            self.health.mark(True)
+
+    async def _apply_once(self, batch_id: str, batch: collections.Counter[tuple[str, str]]
+                          ) -> None:
+        items = list(batch.items())
+        keys = [f"{self.prefix}batch:{batch_id}"] + [self.prefix + k for (k, _), _ in items]
+        args: list[str | int] = [DEDUP_TTL_S]
+        for (_, field), amount in items:
+            args += [field, amount]
+        await self.client.eval(_APPLY_ONCE, len(keys), *keys, *args)
 
     async def get(self, key: str) -> dict[str, int]:
         raw = await self.client.hgetall(self.prefix + key)
@@ -93,7 +121,7 @@ class BufferedCounters:
             self._next_try = 0.0
             with contextlib.suppress(Exception):
                 await self.flush()
-            if not self._pending and not self.health.up:
+            if not self.pending and not self.health.up:
                 await self.ping()
 
     async def ping(self) -> bool:
