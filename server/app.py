@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -24,12 +25,14 @@ from server.routes import admin, admin_ops, admin_routing, health, metrics, mode
 from server.routing import routing_services
 from server.service import GatewayService, Limits
 from server.settings import Settings
+from server.tracing import setup_tracing
 from server.wiring import build_router, compute_dtype, engine_config
 
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, *, span_exporter: Any | None = None) -> FastAPI:
+    """`span_exporter` replaces the configured OpenTelemetry exporter (tests)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         lifecycle: Lifecycle = app.state.lifecycle
@@ -45,6 +48,7 @@ def create_app(settings: Settings) -> FastAPI:
             ckpt.manifest, ckpt.tokenizers, backend, router, state, metrics_,
             Limits.from_settings(settings, econf.model_len(ckpt.manifest.backbone)),
         )
+        app.state.service.tracing = app.state.tracing
         for head in ckpt.manifest.head_names:
             metrics_.head_up.labels(head).set(1)
         await backend.start()
@@ -62,6 +66,7 @@ def create_app(settings: Settings) -> FastAPI:
             lifecycle.phase = Phase.DRAINING
             await app.state.ops.aclose()
             await backend.stop()
+            app.state.tracing.shutdown()  # flushes the batched spans
 
     app = FastAPI(title="polyhead", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
@@ -81,4 +86,6 @@ def create_app(settings: Settings) -> FastAPI:
     # Outermost: the request id and latency cover every other middleware's answers too.
     app.add_middleware(GatewayMiddleware, lifecycle=app.state.lifecycle,
                        max_inflight=settings.max_inflight_requests)
+    # Off by default; enabled, its server span wraps every middleware above.
+    app.state.tracing = setup_tracing(app, settings, span_exporter)
     return app

@@ -29,8 +29,10 @@ from server.errors import BadRequest, NotFound
 from server.generation import Delta, Outcome, generate_text
 from server.metrics import Metrics
 from server.plan import ChoiceJob, Plan
+from server.request_context import current_request_id
 from server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.settings import Settings
+from server.tracing import NO_TRACING, NoTracing
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,7 @@ class GatewayService:
         self.limits = limits
         self.admission: AdmissionGate | None = None  # set by server.routing when enabled
         self._tickets: dict[str, Ticket] = {}  # request_id -> its KV reservation
+        self.tracing: NoTracing = NO_TRACING  # server.tracing sets it when enabled
 
     # --- planning -------------------------------------------------------------------------
 
@@ -129,7 +132,10 @@ class GatewayService:
                              param="stop")
         prompt_bytes = sum(len(t.encode()) for t in texts)
         self.refresh_load()
-        decision = self.router.decide(RequestFeatures(prompt_bytes, max_tokens, pinned))
+        with self.tracing.span("route"):
+            decision = self.router.decide(RequestFeatures(prompt_bytes, max_tokens, pinned))
+        self.tracing.annotate(head=decision.head, policy=decision.policy,
+                              decision=decision.code)
         if self.admission is not None:
             self.admission.admission.observe_request(prompt_bytes, max_tokens)
         request_id = ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12)
@@ -297,6 +303,7 @@ class GatewayService:
 
         tasks = [asyncio.create_task(pump(j, o)) for j, o in zip(plan.jobs, outcomes, strict=True)]
         status = "error"
+        span = self.tracing.start("generate")  # not current: it spans the generator's yields
         try:
             done = 0
             while done < len(tasks):
@@ -315,6 +322,7 @@ class GatewayService:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            span.end()
             self._release(plan, outcomes, status)
             self._account(plan, outcomes, status)
 
@@ -323,6 +331,10 @@ class GatewayService:
         m.requests.labels(plan.route, head, plan.decision.policy, status).inc()
         gen_tokens = sum(o.completion_tokens for o in outcomes)
         gen_bytes = sum(o.text_bytes for o in outcomes)
+        self.tracing.annotate(head=head, policy=plan.decision.policy,
+                              request_id=current_request_id() or plan.request_id,
+                              prompt_tokens=plan.prompt_tokens, completion_tokens=gen_tokens,
+                              status=status)
         m.tokens.labels(head, "prompt").inc(plan.prompt_tokens)
         m.tokens.labels(head, "generated").inc(gen_tokens)
         m.bytes.labels(head, "prompt").inc(plan.prompt_bytes)

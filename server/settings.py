@@ -85,6 +85,13 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     log_prompts: bool = False  # prompts are never logged unless this is set
 
+    # Optional OpenTelemetry tracing (the `otel` extra); off by default. otel_endpoint is the
+    # OTLP/HTTP traces URL; None: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT or localhost:4318.
+    otel_enabled: bool = False
+    otel_exporter: Literal["console", "otlp"] = "otlp"
+    otel_endpoint: str | None = None
+    otel_service_name: str = "polyhead"
+
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
 
