@@ -150,3 +150,27 @@ def decode_attention(
         enable_gqa=q.shape[1] != n_kv,
     )
     return o.squeeze(2)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: AttentionMetadata,
+    kv: tuple[torch.Tensor, torch.Tensor],
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Write this step's K/V into the paged cache, then attend: causal within the new tokens
+    on prefill, over each sequence's cached blocks on decode.
+
+    q: [T, H, Dh]; k, v: [T, n_kv, Dh] (RoPE applied) -> [T, H, Dh]
+    """
+    k_cache, v_cache = kv
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    if meta.is_prefill:
+        return prefill_attention(q, k, v, meta.seq_lens, scale, window)
+    assert meta.block_tables is not None and meta.context_lens is not None
+    return decode_attention(
+        q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, window
+    )

@@ -27,15 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heads.attention import (
-    AttentionMetadata,
-    KVCache,
-    decode_attention,
-    prefill_attention,
-    write_kv,
-)
+from heads.attention import AttentionMetadata, KVCache, paged_attention
 from heads.errors import CheckpointError
-from heads.llama import apply_rope
+from heads.llama import GatedMLP, apply_rope
 from heads.manifest import BackboneConfig
 
 log = logging.getLogger(__name__)
@@ -89,28 +83,12 @@ class Gemma3Attention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(t, self.n_kv, self.head_dim))  # [T, n_kv, Dh]
         v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_cache, v_cache = kv
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        if meta.is_prefill:
-            o = prefill_attention(q, k, v, meta.seq_lens, self.scale, self.window)
-        else:
-            assert meta.block_tables is not None and meta.context_lens is not None
-            o = decode_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale, self.window
-            )
+        o = paged_attention(q, k, v, meta, kv, self.scale, self.window)
         return self.o_proj(o.reshape(t, self.n_heads * self.head_dim))
 
 
-class Gemma3MLP(nn.Module):
-    def __init__(self, cfg: BackboneConfig) -> None:
-        super().__init__()
-        d, i = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = nn.Linear(d, i, bias=False)
-        self.up_proj = nn.Linear(d, i, bias=False)
-        self.down_proj = nn.Linear(i, d, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -121,7 +99,7 @@ class Gemma3DecoderLayer(nn.Module):
         self.self_attn = Gemma3Attention(cfg, cfg.sliding_window if layer_type == SLIDING else None)
         self.post_attention_layernorm = GemmaRMSNorm(d, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(d, eps)
-        self.mlp = Gemma3MLP(cfg)
+        self.mlp = GatedMLP(cfg, _gelu_tanh)
         self.post_feedforward_layernorm = GemmaRMSNorm(d, eps)
 
     def forward(

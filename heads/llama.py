@@ -22,18 +22,13 @@ The RoPE table is a non-persistent buffer, so it is not part of the state dict.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heads.attention import (
-    AttentionMetadata,
-    KVCache,
-    decode_attention,
-    prefill_attention,
-    write_kv,
-)
+from heads.attention import AttentionMetadata, KVCache, paged_attention
 from heads.manifest import BackboneConfig
 
 log = logging.getLogger(__name__)
@@ -92,28 +87,26 @@ class LlamaAttention(nn.Module):
         k = self.k_proj(x).view(t, self.n_kv, self.head_dim)  # k: [T, n_kv, Dh]
         v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_cache, v_cache = kv
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        if meta.is_prefill:
-            o = prefill_attention(q, k, v, meta.seq_lens, self.scale)
-        else:
-            assert meta.block_tables is not None and meta.context_lens is not None
-            o = decode_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale
-            )
+        o = paged_attention(q, k, v, meta, kv, self.scale)
         return self.o_proj(o.reshape(t, self.n_heads * self.head_dim))
 
 
-class LlamaMLP(nn.Module):
-    def __init__(self, cfg: BackboneConfig) -> None:
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)): SwiGLU for Llama (silu), GeGLU for Gemma (tanh GELU)."""
+
+    def __init__(
+        self, cfg: BackboneConfig, act: Callable[[torch.Tensor], torch.Tensor] = F.silu
+    ) -> None:
         super().__init__()
         d, i = cfg.hidden_size, cfg.intermediate_size
+        self.act = act
         self.gate_proj = nn.Linear(d, i, bias=False)
         self.up_proj = nn.Linear(d, i, bias=False)
         self.down_proj = nn.Linear(i, d, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -122,7 +115,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp = GatedMLP(cfg)
 
     def forward(
         self,
