@@ -151,7 +151,10 @@ class Manifest:
         return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
 
     def save(self, directory: Path) -> None:
-        (directory / MANIFEST_FILE).write_text(self.to_json())
+        # Temp file + rename: a reader never sees a half-written manifest.
+        tmp = directory / f".{MANIFEST_FILE}.tmp"
+        tmp.write_text(self.to_json())
+        tmp.replace(directory / MANIFEST_FILE)
 
     @staticmethod
     def from_dict(raw: dict[str, Any]) -> Manifest:

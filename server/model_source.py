@@ -35,6 +35,26 @@ def _build_demo(target: Path, cache_dir: Path) -> None:
     # figures the router and the quality checks can use (about 30 s on 2 CPU cores).
     log.info("measuring bytes/token and BPB of each head on %s", DEMO_SAMPLE.name)
     run_eval(target, [DEMO_SAMPLE], max_bytes=8000, window=512, compute_dtype="float32")
+    _set_training_bytes(target)
+
+
+def _set_training_bytes(target: Path) -> None:
+    """λ's denominator: the backbone's training tokens (model card) × the native head's
+    measured bytes/token. Every nested head shares that one training run."""
+    import dataclasses
+
+    from heads.manifest import Manifest
+
+    m = Manifest.load(target)
+    tokens = m.extra.get("training_tokens")
+    native = max(m.heads, key=lambda h: h.vocab_size)
+    if not tokens or native.bytes_per_token is None:
+        return
+    trained = int(tokens * native.bytes_per_token)
+    heads = tuple(dataclasses.replace(h, training_bytes=trained) for h in m.heads)
+    dataclasses.replace(m, heads=heads).save(target)
+    log.info("training volume: %d tokens x %.3f bytes/token = %.3g bytes",
+             tokens, native.bytes_per_token, trained)
 
 
 def resolve_model_dir(model: str, cache_dir: Path) -> Path:

@@ -51,6 +51,9 @@ def test_manifest_records_measured_heads(demo_dir: Path):
     bpt = [h.bytes_per_token for h in manifest.heads]
     assert all(b is not None for b in bpt) and bpt == sorted(bpt)  # bigger V compresses more
     assert all(h.bpb is not None and 0.3 < h.bpb < 2.5 for h in manifest.heads)
+    # One backbone, trained once on ~6T tokens: every head shares that volume (λ's divisor).
+    assert len({h.training_bytes for h in manifest.heads}) == 1
+    assert manifest.heads[0].training_bytes > 10**13
 
 
 def test_each_head_completes_through_the_server(demo_gateway: Gateway):
