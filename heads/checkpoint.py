@@ -63,6 +63,13 @@ def _load_tokenizers(directory: Path, manifest: Manifest) -> dict[str, HeadToken
 
 def validate_checkpoint(directory: Path) -> Manifest:
     """Check a checkpoint without loading its weights: manifest, tensor names/shapes, tokenizers."""
+    manifest = _validate_weights(directory)
+    _load_tokenizers(directory, manifest)
+    return manifest
+
+
+def _validate_weights(directory: Path) -> Manifest:
+    """The manifest, checked against the tensor names and shapes in the weights file."""
     manifest = Manifest.load(directory)
     shapes = _tensor_shapes(directory / manifest.weights)
     d = manifest.backbone.hidden_size
@@ -77,20 +84,21 @@ def validate_checkpoint(directory: Path) -> Manifest:
                     f"heads[{i}].{role}: tensor {name!r} has shape {shape}, "
                     f"need [>= {h.vocab_size}, {d}]"
                 )
-    _load_tokenizers(directory, manifest)
     return manifest
 
 
 def load_checkpoint(
     directory: Path, device: str = "cpu", compute_dtype: str | None = None
 ) -> Checkpoint:
-    manifest = validate_checkpoint(directory)
+    manifest = _validate_weights(directory)
+    # Tokenizers load once, here (a 262k-token tokenizer takes seconds to build).
+    tokenizers = _load_tokenizers(directory, manifest)
     tensors: dict[str, torch.Tensor] = {}
     with safe_open(str(directory / manifest.weights), framework="pt", device=device) as f:
         for k in f.keys():  # noqa: SIM118
             tensors[k] = f.get_tensor(k)
     model = MultiHeadModel(manifest, tensors, compute_dtype)
-    return Checkpoint(directory, manifest, model, _load_tokenizers(directory, manifest))
+    return Checkpoint(directory, manifest, model, tokenizers)
 
 
 def save_checkpoint(
