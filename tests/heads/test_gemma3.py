@@ -6,14 +6,13 @@ import pytest
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-from heads.attention import AttentionMetadata, allocate_kv_cache, slots_for
+from heads.attention import AttentionMetadata, allocate_kv_cache
 from heads.errors import CheckpointError
 from heads.manifest import BackboneConfig, HeadSpec, Manifest
 from heads.model import MultiHeadModel
+from tests.heads.paged_oracle import BLOCK, check_prefill_and_decode
 
 V = 1000
-BLOCK = 4
-TOL = 1e-4
 WINDOW = 5  # shorter than both prompts, so the sliding mask matters in prefill and decode
 LAYER_TYPES = ("sliding_attention", "sliding_attention", "full_attention", "sliding_attention")
 
@@ -74,45 +73,9 @@ def models() -> tuple[MultiHeadModel, Gemma3ForCausalLM]:
     return model, _hf_model(model)
 
 
-def _hf_logits(hf: Gemma3ForCausalLM, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(input_ids=torch.tensor([ids])).logits[0]  # [T, V]
-
-
 def test_prefill_and_decode_match_transformers(models) -> None:
     model, hf = models
-    b = model.manifest.backbone
-    kv = allocate_kv_cache(b.num_layers, 32, BLOCK, b.num_kv_heads, b.head_dim, torch.float32)
-    w = model.unembedding_rows("1k")
-    gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, V, (11,), generator=gen).tolist(),
-               torch.randint(0, V, (7,), generator=gen).tolist()]
-    tables = [[7, 2, 30, 11, 5, 19], [3, 25, 0, 14, 9]]
-    ids = torch.tensor(prompts[0] + prompts[1])
-    positions = torch.tensor(list(range(11)) + list(range(7)))
-    slots = slots_for(tables[0], 0, 11, BLOCK) + slots_for(tables[1], 0, 7, BLOCK)
-    meta = AttentionMetadata.prefill([11, 7], torch.tensor(slots))
-    with torch.inference_mode():
-        logits = model(model.embed("1k", ids), positions, meta, kv) @ w.T  # [T, V]
-    torch.testing.assert_close(logits[:11], _hf_logits(hf, prompts[0]), atol=TOL, rtol=0)
-    torch.testing.assert_close(logits[11:], _hf_logits(hf, prompts[1]), atol=TOL, rtol=0)
-
-    seqs = [list(p) for p in prompts]
-    for _ in range(6):  # decode both together; contexts grow past the window and a block edge
-        nxt = [int(torch.randint(0, V, (1,), generator=gen)) for _ in seqs]
-        for s, t in zip(seqs, nxt, strict=True):
-            s.append(t)
-        pos = [len(s) - 1 for s in seqs]
-        slots = [slots_for(t, p, p + 1, BLOCK)[0] for t, p in zip(tables, pos, strict=True)]
-        meta = AttentionMetadata.decode(
-            torch.tensor(slots),
-            torch.tensor([t[:5] for t in tables]),
-            torch.tensor([len(s) for s in seqs]),
-        )
-        with torch.inference_mode():
-            h = model(model.embed("1k", torch.tensor(nxt)), torch.tensor(pos), meta, kv)
-        for i, s in enumerate(seqs):
-            torch.testing.assert_close(h[i] @ w.T, _hf_logits(hf, s)[-1], atol=TOL, rtol=0)
+    check_prefill_and_decode(model, hf, V, (11, 7))
 
 
 def test_window_changes_the_output(models) -> None:
