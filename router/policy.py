@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from router.cost import AnalyticTimer, StepTimer
 from router.devices import DeviceSpec
+from router.guard import QualityGuard
 from router.policies import (
     Choice,
     CostPolicy,
@@ -24,6 +25,7 @@ from router.policies import (
 from router.policy_spec import (
     DEFAULT_MARGIN,
     CostParams,
+    GuardParams,
     LifecycleParams,
     PinnedParams,
     PolicySpec,
@@ -38,7 +40,8 @@ from router.state import StateSnapshot
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_MARGIN", "Choice", "CostParams", "CostPolicy", "Decision", "LifecycleParams",
+    "DEFAULT_MARGIN", "Choice", "CostParams", "CostPolicy", "Decision", "GuardParams",
+    "LifecycleParams",
     "LifecyclePolicy", "PinnedParams", "PinnedPolicy", "Policy", "PolicySpec",
     "ThresholdParams", "ThresholdPolicy", "WeightedParams", "WeightedPolicy", "build_policy",
     "parse_policy",
@@ -77,6 +80,13 @@ def build_policy(
     spec: PolicySpec, timer: DeviceSpec | StepTimer, clock: Clock = time.monotonic
 ) -> Policy:
     """A fresh policy instance: its stability state starts empty with each new version."""
+    inner = _build_inner(spec, timer, clock)
+    if spec.guard is None:
+        return inner
+    return QualityGuard(inner, spec.guard, clock)
+
+
+def _build_inner(spec: PolicySpec, timer: DeviceSpec | StepTimer, clock: Clock) -> Policy:
     t: StepTimer = AnalyticTimer(timer) if isinstance(timer, DeviceSpec) else timer
     p = spec.params
     if isinstance(p, PinnedParams):

@@ -1,4 +1,5 @@
-"""Policy documents: `{"name": ..., "params": {...}}`, validated strictly into frozen specs.
+"""Policy documents: `{"name": ..., "params": {...}, "guard": {...}}`, validated strictly
+into frozen specs; `guard` is optional (router.guard wraps the policy in a quality guard).
 
 Every switching policy shares the stability knobs (see router.stability): `margin`
 (hysteresis), `min_dwell_s` and `max_switches_per_min` (0 = no cap). InvalidPolicy names
@@ -73,6 +74,22 @@ class WeightedParams:
     spill: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class GuardParams:
+    """Quality guard: a head whose live prompt BPB exceeds its bound is excluded from routing
+    until it is back below bound × (1 − margin). The bound is max_bpb, or the manifest's BPB
+    × (1 + max_rel), the tighter where both are set; `bounds` sets max_bpb per head. A head
+    without any bound is never excluded."""
+
+    max_bpb: float | None = None  # absolute bound, bits per byte
+    bounds: Mapping[str, float] = field(default_factory=dict)  # per-head max_bpb, overrides it
+    max_rel: float | None = None  # relative bound over the head's manifest BPB (0.1: +10%)
+    margin: float = DEFAULT_MARGIN  # readmit only this fraction inside the bound (hysteresis)
+    min_samples: int = 3  # scored requests on a head before the guard judges it
+    min_dwell_s: float = DEFAULT_DWELL_S  # a head stays excluded / readmitted at least this
+    max_switches_per_min: int = DEFAULT_SWITCHES_PER_MIN  # per head, exclusions + readmissions
+
+
 Params = LifecycleParams | CostParams | ThresholdParams | PinnedParams | WeightedParams
 
 PARAMS: dict[str, type] = {
@@ -88,12 +105,16 @@ PARAMS: dict[str, type] = {
 class PolicySpec:
     name: str
     params: Params
+    guard: GuardParams | None = None
 
     def to_doc(self) -> dict[str, Any]:
         params = {f.name: getattr(self.params, f.name) for f in dataclasses.fields(self.params)}
         if "weights" in params:
             params["weights"] = dict(params["weights"])
-        return {"name": self.name, "params": params}
+        doc: dict[str, Any] = {"name": self.name, "params": params}
+        if self.guard is not None:
+            doc["guard"] = dataclasses.asdict(self.guard)
+        return doc
 
 
 # ---------------------------------------------------------------- field validators
@@ -114,17 +135,24 @@ def _head(value: object, where: str, heads: Sequence[str]) -> str:
     return value
 
 
-def _field(name: str, value: object, heads: Sequence[str]) -> object:
-    where = f"params.{name}"
+def _field(name: str, value: object, heads: Sequence[str], section: str = "params") -> object:
+    where = f"{section}.{name}"
     if name == "margin":
         return _number(value, where, 0.0, 1.0)
-    if name in ("lambda_override", "small", "mid", "large") and value is None:
+    if name in ("lambda_override", "small", "mid", "large", "max_bpb", "max_rel") and value is None:
         return None
+    if name == "max_bpb":
+        bound = _number(value, where, 0.0)
+        if bound == 0:
+            raise InvalidPolicy(where, "must be > 0")
+        return bound
+    if name == "max_rel":
+        return _number(value, where, 0.0)
     if name in ("lambda_override", "lambda_high", "min_dwell_s"):
         return _number(value, where, 0.0)
     if name in ("batch_high", "batch_low"):
         return _number(value, where, 0.0)
-    if name == "max_switches_per_min":
+    if name in ("max_switches_per_min", "min_samples"):
         n = _number(value, where, 0.0)
         if n != int(n):
             raise InvalidPolicy(where, f"must be an integer, got {value!r}")
@@ -135,6 +163,14 @@ def _field(name: str, value: object, heads: Sequence[str]) -> object:
         return value
     if name in ("head", "small", "mid", "large"):
         return _head(value, where, heads)
+    if name == "bounds":
+        if not isinstance(value, Mapping):
+            raise InvalidPolicy(where, "must be an object head -> bits per byte")
+        out = {_head(h, f"{where}.{h}", heads): _number(b, f"{where}.{h}", 0.0)
+               for h, b in value.items()}
+        if any(b == 0 for b in out.values()):
+            raise InvalidPolicy(where, "every bound must be > 0")
+        return out
     if name == "weights":
         if not isinstance(value, Mapping) or not value:
             raise InvalidPolicy(where, "must be a non-empty object head -> weight")
@@ -146,34 +182,48 @@ def _field(name: str, value: object, heads: Sequence[str]) -> object:
     raise AssertionError(name)
 
 
+def _params(cls: type, values: object, heads: Sequence[str], section: str, owner: str) -> Any:
+    if not isinstance(values, Mapping):
+        raise InvalidPolicy(section, f"must be an object, got {type(values).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in fields:
+            raise InvalidPolicy(f"{section}.{key}",
+                                f"unknown parameter of {owner} (known: {', '.join(fields)})")
+    for f in fields.values():
+        required = (f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING)
+        if required and f.name not in values:
+            raise InvalidPolicy(f"{section}.{f.name}", "required")
+    return cls(**{k: _field(k, v, heads, section) for k, v in values.items()})
+
+
+def _guard(doc: object, name: str, heads: Sequence[str]) -> GuardParams | None:
+    if doc is None:
+        return None
+    if name == "pinned":
+        raise InvalidPolicy("guard", "a pinned policy has no other head to move traffic to")
+    guard: GuardParams = _params(GuardParams, doc, heads, "guard", "guard")
+    if guard.max_bpb is None and guard.max_rel is None and not guard.bounds:
+        raise InvalidPolicy("guard", "set max_bpb, bounds or max_rel")
+    return guard
+
+
 def parse_policy(doc: object, heads: Sequence[str]) -> PolicySpec:
-    """Validate `{"name": ..., "params": {...}}` strictly; InvalidPolicy names the bad field."""
+    """Validate `{"name": ..., "params": {...}, "guard": {...}}` strictly; InvalidPolicy names
+    the bad field."""
     if not isinstance(doc, Mapping):
         raise InvalidPolicy("policy", f"must be an object, got {type(doc).__name__}")
     for key in doc:
-        if key not in ("name", "params"):
-            raise InvalidPolicy(str(key), "unknown field (known: name, params)")
+        if key not in ("name", "params", "guard"):
+            raise InvalidPolicy(str(key), "unknown field (known: name, params, guard)")
     name = doc.get("name")
     if name is None:
         raise InvalidPolicy("name", "required")
     if name not in PARAMS:
         raise InvalidPolicy("name", f"unknown policy {name!r} (known: {', '.join(PARAMS)})")
-    params = doc.get("params", {})
-    if not isinstance(params, Mapping):
-        raise InvalidPolicy("params", f"must be an object, got {type(params).__name__}")
-    cls = PARAMS[name]
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in params:
-        if key not in fields:
-            known = ", ".join(fields)
-            raise InvalidPolicy(f"params.{key}", f"unknown parameter of {name} (known: {known})")
-    for f in fields.values():
-        required = (f.default is dataclasses.MISSING
-                    and f.default_factory is dataclasses.MISSING)
-        if required and f.name not in params:
-            raise InvalidPolicy(f"params.{f.name}", "required")
-    values = {k: _field(k, v, heads) for k, v in params.items()}
-    spec = PolicySpec(name, cls(**values))
+    params = _params(PARAMS[name], doc.get("params", {}), heads, "params", name)
+    spec = PolicySpec(name, params, _guard(doc.get("guard"), name, heads))
     if isinstance(spec.params, WeightedParams) and not spec.params.weights:
         raise InvalidPolicy("params.weights", "required")
     return spec

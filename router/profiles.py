@@ -35,6 +35,7 @@ class HeadProfile:
     weight_bytes_per_param: float = 2.0  # s: 2 for bf16
     bytes_per_token: float | None = None  # measured; None -> estimate_bytes_per_token(V)
     training_bytes: float = 0.0  # bytes of text the head was trained on
+    bpb: float | None = None  # measured on held-out text (manifest); the quality guard's base
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -48,6 +49,8 @@ class HeadProfile:
             raise ValueError(f"{self.name}: weight_bytes_per_param must be > 0")
         if self.bytes_per_token is not None and self.bytes_per_token <= 0:
             raise ValueError(f"{self.name}: bytes_per_token must be > 0")
+        if self.bpb is not None and self.bpb <= 0:
+            raise ValueError(f"{self.name}: bpb must be > 0")
 
     @property
     def bpt(self) -> float:

@@ -24,6 +24,7 @@ from types import MappingProxyType
 
 from router.errors import UnknownHead
 from router.profiles import HeadProfile
+from router.quality import DEFAULT_ALPHA, BpbTracker, HeadQuality
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class StateSnapshot:
     training_bytes: Mapping[str, float]
     smoothed_running: Mapping[str, float] = field(default_factory=dict)
     lambda_forecast: float | None = None
+    quality: Mapping[str, HeadQuality] = field(default_factory=dict)  # live prompt BPB
 
     @property
     def batch(self) -> int:
@@ -71,7 +73,8 @@ class StateSnapshot:
 class LiveState:
     """Thread-safe counters; the engine thread and request handlers both write here."""
 
-    def __init__(self, training_bytes: Mapping[str, float], window_s: float = 5.0) -> None:
+    def __init__(self, training_bytes: Mapping[str, float], window_s: float = 5.0,
+                 bpb_alpha: float = DEFAULT_ALPHA) -> None:
         if any(v < 0 for v in training_bytes.values()):
             raise ValueError("training bytes must be >= 0")
         if window_s < 0:
@@ -86,10 +89,12 @@ class LiveState:
         self._waiting = dict.fromkeys(self._training, 0)
         self._bytes = dict.fromkeys(self._training, 0)
         self._tokens = dict.fromkeys(self._training, 0)
+        self.quality = BpbTracker(self._training, bpb_alpha)
 
     @classmethod
-    def for_profiles(cls, profiles: Iterable[HeadProfile], window_s: float = 5.0) -> LiveState:
-        return cls({p.name: p.training_bytes for p in profiles}, window_s)
+    def for_profiles(cls, profiles: Iterable[HeadProfile], window_s: float = 5.0,
+                     bpb_alpha: float = DEFAULT_ALPHA) -> LiveState:
+        return cls({p.name: p.training_bytes for p in profiles}, window_s, bpb_alpha)
 
     @property
     def heads(self) -> tuple[str, ...]:
@@ -176,4 +181,5 @@ class LiveState:
                 training_bytes=MappingProxyType(dict(self._training)),
                 smoothed_running=MappingProxyType(dict(self._smoothed)),
                 lambda_forecast=self._forecast,
+                quality=self.quality.snapshot(),
             )

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from heads.engine.llm_engine import GenerationRequest, TokenEvent
+from heads.engine.prompt_score import PromptScore
 from heads.tokenizer import HeadTokenizer, IncrementalDetokenizer
 from server.backends.base import Backend
 from server.request_context import add_engine_time
@@ -38,6 +39,7 @@ class Outcome:
     submitted_at: float | None = None  # handed to the engine
     engine_s: float = 0.0  # time spent waiting on the engine's stream
     itl: list[float] = field(default_factory=list)  # gaps between tokens, s
+    prompt_score: PromptScore | None = None  # the prompt's NLL, when the engine scored it
 
 
 async def _timed(stream: AsyncIterator[TokenEvent], outcome: Outcome) -> AsyncIterator[TokenEvent]:
@@ -77,6 +79,8 @@ async def generate_text(
         async for event in timed:
             if outcome.first_token_at is None:
                 outcome.first_token_at = time.perf_counter()
+            if event.prompt_score is not None:
+                outcome.prompt_score = event.prompt_score
             outcome.completion_tokens += 1
             is_eos = event.token_id in eos and event.finish_reason == "stop"
             text = "" if is_eos else matcher.feed(detok.push(event.token_id))

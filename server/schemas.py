@@ -35,6 +35,7 @@ class SamplingFields(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    prompt_bpb: bool | None = None  # polyhead extension: false skips live prompt BPB
 
     @field_validator("top_k", mode="before")
     @classmethod
@@ -94,6 +95,7 @@ class PolicyDocument(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
+    guard: dict[str, Any] | None = None  # quality guard (router.guard); null: none
 
 
 class Usage(BaseModel):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -29,6 +30,7 @@ from server.errors import BadRequest, NotFound
 from server.generation import Delta, Outcome, generate_text
 from server.metrics import Metrics
 from server.plan import ChoiceJob, Plan
+from server.prompt_bpb import PromptBpbConfig, record
 from server.request_context import current_request_id
 from server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.settings import Settings
@@ -72,6 +74,8 @@ class GatewayService:
         self.admission: AdmissionGate | None = None  # set by server.routing when enabled
         self._tickets: dict[str, Ticket] = {}  # request_id -> its KV reservation
         self.tracing: NoTracing = NO_TRACING  # server.tracing sets it when enabled
+        self.prompt_bpb = PromptBpbConfig()  # the app sets it from settings
+        self._bpb_rng = random.Random()  # picks the scored share of requests ("sampled")
 
     # --- planning -------------------------------------------------------------------------
 
@@ -140,9 +144,11 @@ class GatewayService:
             self.admission.admission.observe_request(prompt_bytes, max_tokens)
         request_id = ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12)
         base_seed = body.seed if body.seed is not None else secrets.randbits(62)
+        score, positions = self.prompt_bpb.request(body.prompt_bpb, self._bpb_rng)
         template = GenerationRequest(request_id, decision.head, (), max_tokens,
                                      RowParams(body.temperature, body.top_p, body.top_k,
-                                               base_seed), frozenset(), logprobs)
+                                               base_seed), frozenset(), logprobs,
+                                     score, positions)
         prompts, jobs = self._jobs(decision.head, texts, chat, template, body.n, stops)
         self.metrics.decisions.labels(decision.head, decision.policy, decision.code).inc()
         log.debug("request %s -> head %s: %s", request_id, decision.head, decision.reason)
@@ -173,9 +179,11 @@ class GatewayService:
             for i in range(n):
                 index = p * n + i
                 sampling = RowParams(s.temperature, s.top_p, s.top_k, (s.seed + index) % 2**63)
+                # One choice per prompt carries the prompt's score: the others repeat it.
                 req = GenerationRequest(f"{template.request_id}-{index}", head, tuple(ids),
                                         max_tokens, sampling, frozenset(spec.eos_token_ids),
-                                        template.want_logprobs)
+                                        template.want_logprobs, template.score_prompt and i == 0,
+                                        template.score_positions)
                 jobs.append(ChoiceJob(index, req, tuple(stops)))
         return prompts, jobs
 
@@ -345,3 +353,12 @@ class GatewayService:
         m.e2e.labels(head).observe(time.perf_counter() - plan.started_at)
         # λ counts the text served; prompt and output bytes both pass through the head.
         self.state.add_served(head, plan.prompt_bytes + gen_bytes, plan.prompt_tokens + gen_tokens)
+        self._account_prompt_bpb(plan, outcomes)
+
+    def _account_prompt_bpb(self, plan: Plan, outcomes: list[Outcome]) -> None:
+        n = len(plan.jobs) // max(1, len(plan.texts))  # choices per prompt
+        for job, o in zip(plan.jobs, outcomes, strict=True):
+            if o.prompt_score is not None:
+                text_bytes = len(plan.texts[job.index // n].encode())
+                record(self.metrics.quality, self.state, self.manifest, self.prompt_bpb,
+                       plan.head, o.prompt_score, text_bytes)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from heads.engine.block_manager import BlockManager
 from heads.engine.config import EngineConfig
 from heads.engine.model_runner import ModelRunner
+from heads.engine.prompt_score import PromptScore
 from heads.engine.scheduler import Scheduler
 from heads.engine.sequence import Sequence
 from heads.errors import EngineError, EngineStopped
@@ -37,6 +38,8 @@ class GenerationRequest:
     sampling: RowParams
     stop_token_ids: frozenset[int]
     want_logprobs: bool = False
+    score_prompt: bool = False  # report the prompt's NLL with the first token
+    score_positions: int = 0  # score at most this many prompt positions; 0: all
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,7 @@ class TokenEvent:
     token_id: int
     logprob: float | None
     finish_reason: str | None  # "stop" | "length" | None
+    prompt_score: PromptScore | None = None  # on the first event, when asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +146,10 @@ class LocalEngine:
         """Head groups unembedded so far, per (head, kernel)."""
         return self._runner.kernel_counts()
 
+    def prompt_score_seconds(self) -> float:
+        """Total time spent scoring prompts (live BPB) so far."""
+        return self._runner.score_seconds
+
     def drain_step_timings(self) -> list[StepTiming]:
         """Step timings since the last call (one reader: the gateway's calibration)."""
         out = []
@@ -163,6 +171,7 @@ class LocalEngine:
             request_id=req.request_id, head=req.head, prompt_ids=list(req.prompt_ids),
             params=req.sampling, max_tokens=req.max_tokens,
             stop_token_ids=frozenset(req.stop_token_ids), want_logprobs=req.want_logprobs,
+            score_prompt=req.score_prompt, score_positions=max(0, req.score_positions),
         )
 
     async def _stream(self, seq: Sequence) -> AsyncIterator[TokenEvent]:
@@ -216,9 +225,10 @@ class LocalEngine:
             self._timings.append(_timing(seqs, is_prefill, time.perf_counter() - started))
             with self._cond:
                 reasons = self._scheduler.postprocess(seqs, out.token_ids)
-                for seq, tok, lp, reason in zip(seqs, out.token_ids, out.logprobs, reasons,
-                                                strict=True):
-                    self._send(seq.seq_id, TokenEvent(tok, lp, reason))
+                scores = out.prompt_scores or [None] * len(seqs)
+                for seq, tok, lp, reason, score in zip(seqs, out.token_ids, out.logprobs,
+                                                       reasons, scores, strict=True):
+                    self._send(seq.seq_id, TokenEvent(tok, lp, reason, score))
         except Exception as e:
             log.exception("engine step failed; failing its requests")
             with self._cond:

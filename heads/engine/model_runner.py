@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ import torch
 
 from heads.attention import AttentionMetadata, allocate_kv_cache, slots_for
 from heads.engine.config import EngineConfig
+from heads.engine.prompt_score import PromptScore, ScoreJob, score_prompts
 from heads.engine.sequence import Sequence
 from heads.model import MultiHeadModel
 from kernels.calibration import load_calibration
@@ -26,6 +28,8 @@ log = logging.getLogger(__name__)
 class StepOutput:
     token_ids: list[int]  # one per scheduled sequence, in schedule order
     logprobs: list[float | None]  # None where the sequence did not ask for logprobs
+    # Set at a sequence's first prefill when it asked for its prompt's NLL; else None.
+    prompt_scores: list[PromptScore | None] | None = None
 
 
 class ModelRunner:
@@ -47,6 +51,7 @@ class ModelRunner:
         self.selector = Selector(load_calibration(self.device_spec.name))
         self._kernel_counts: Counter[tuple[str, str]] = Counter()  # (head, kernel) -> groups
         self._counts_lock = threading.Lock()
+        self.score_seconds = 0.0  # total time in prompt scoring (what live BPB costs)
 
     def kernel_counts(self) -> dict[tuple[str, str], int]:
         with self._counts_lock:
@@ -112,6 +117,7 @@ class ModelRunner:
         )
         x = self._embed(token_heads, self._tensor(ids))  # [T, d]
         hidden = self.model(x, self._tensor(positions), meta, self.kv_cache)  # [T, d]
+        scores = self._score(seqs, hidden, last) if is_prefill else None
         hidden = hidden[self._tensor(last)]  # [B, d]: the last token of each sequence
 
         token_ids: list[int] = [0] * len(seqs)
@@ -137,7 +143,25 @@ class ModelRunner:
             for i, s, t, lp in zip(rows, group, toks, lps, strict=True):
                 token_ids[i] = t
                 logprobs[i] = lp if s.want_logprobs else None
-        return StepOutput(token_ids, logprobs)
+        return StepOutput(token_ids, logprobs, scores)
+
+    def _score(self, seqs: list[Sequence], hidden: torch.Tensor,
+               last: list[int]) -> list[PromptScore | None] | None:
+        # hidden: [T, d]; a sequence's rows end at last[i]. Only a first prefill is scored:
+        # after a preemption by recompute its first token (and the score) went out already.
+        jobs = [(i, ScoreJob(s.head, last[i] - s.num_tokens + 1, s.prompt_ids,
+                             s.score_positions, s.params.seed))
+                for i, s in enumerate(seqs)
+                if s.score_prompt and not s.output_ids and s.prompt_score is None]
+        if not jobs:
+            return None
+        out: list[PromptScore | None] = [None] * len(seqs)
+        started = time.perf_counter()  # score_prompts ends in a host sync: the time is real
+        done = score_prompts(hidden, [j for _, j in jobs], self.model.unembedding_rows)
+        self.score_seconds += time.perf_counter() - started
+        for (i, _), score in zip(jobs, done, strict=True):
+            seqs[i].prompt_score = out[i] = score
+        return out
 
 
 def _groups(heads: list[str]) -> dict[str, list[int]]:

@@ -7,6 +7,7 @@ import itertools
 import logging
 from dataclasses import dataclass, field
 
+from heads.engine.prompt_score import PromptScore
 from kernels.sampling_params import RowParams
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,9 @@ class Sequence:
     max_tokens: int
     stop_token_ids: frozenset[int] = frozenset()
     want_logprobs: bool = False
+    score_prompt: bool = False  # prompt NLL at the first prefill (heads.engine.prompt_score)
+    score_positions: int = 0  # at most this many positions scored; 0: every one
+    prompt_score: PromptScore | None = None
     seq_id: int = field(default_factory=lambda: next(_ids))  # engine-unique, unlike request_id
     output_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)

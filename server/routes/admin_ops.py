@@ -8,10 +8,12 @@ import logging
 from fastapi import APIRouter, Header, Query, Request
 
 from router.errors import RouterError
+from router.quality import HeadQuality
 from router.router import Router
 from server.deps import AdminDep, AuditDep, MetricsDep, RouterDep, ServiceDep, SettingsDep
 from server.errors import Conflict, NotFound
 from server.policy_ops import parse_if_match, persist_policy
+from server.prompt_bpb import guard_excluded, head_view
 from server.routes.admin import policy_view
 
 log = logging.getLogger(__name__)
@@ -26,13 +28,16 @@ def _head_state(r: Router, head: str) -> str:
 async def list_heads(_: AdminDep, svc: ServiceDep, settings: SettingsDep) -> dict:
     svc.refresh_load()
     snap = svc.state.snapshot()
+    excluded = guard_excluded(svc.router.active_policy)
     heads = [
         {"name": h.name, "vocab_size": h.vocab_size, "bytes_per_token": h.bytes_per_token,
          "bpb": h.bpb, "live_batch": snap.running[h.name], "queue": snap.waiting[h.name],
          # The local engine caps its running batch across heads; a KV-derived per-head
          # maximum replaces this once admission computes one.
          "max_batch": settings.max_num_seqs if settings.backend == "local" else None,
-         "lambda": snap.lam(h.name), "state": _head_state(svc.router, h.name)}
+         "lambda": snap.lam(h.name), "state": _head_state(svc.router, h.name),
+         **head_view(h.name, snap.quality.get(h.name, HeadQuality()), h.bpb, svc.prompt_bpb,
+                     excluded)}
         for h in svc.manifest.heads
     ]
     return {"heads": heads}

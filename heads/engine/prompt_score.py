@@ -1,0 +1,106 @@
+"""Prompt log-likelihood from the prefill's hidden states, under the head that serves it.
+
+Each prompt token after the first is predicted by the hidden state before it; its NLL is
+`logsumexp(h·Wᵀ) − (h·Wᵀ)[target]`. Scoring a position costs one [d]×[d,V] product and a
+log-softmax over V, so every position of a 500-token prompt on a 262k head costs more than
+the backbone's prefill on a small model. `max_positions` bounds the cost: k of the m
+predicted positions, drawn uniformly without replacement, give `m/k · Σ NLL` (an unbiased
+estimate of the total). Bits per byte need the prompt's UTF-8 length, which only the gateway
+knows, so the engine reports nats and the gateway divides (PromptScore.bpb).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# Rows per log-softmax: bounds the fp32 temporary to CHUNK·V·4 B (64 MiB at V=262k).
+CHUNK = 64
+
+
+@dataclass(frozen=True, slots=True)
+class PromptScore:
+    nll_nats: float  # estimated total NLL of the predicted prompt tokens, nats
+    predicted: int  # prompt tokens predicted: all but the first
+    scored: int  # positions actually scored; == predicted when exact
+
+    def bpb(self, text_bytes: int) -> float | None:
+        """Bits per UTF-8 byte of the text the predicted tokens cover (None if undefined)."""
+        if self.predicted == 0 or text_bytes <= 0:
+            return None
+        return self.nll_nats / math.log(2) / text_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreJob:
+    """One prompt to score: where its hidden rows are and what they predict."""
+
+    head: str
+    first_row: int  # row of the prompt's first token in the prefill's hidden [T, d]
+    prompt_ids: Sequence[int]
+    max_positions: int  # 0: every position
+    seed: int  # picks the sampled positions; reproducible per request
+
+
+def pick_positions(predicted: int, max_positions: int, rng: random.Random) -> list[int]:
+    """Indices into the m predicted positions: all of them, or k drawn without replacement."""
+    if max_positions <= 0 or predicted <= max_positions:
+        return list(range(predicted))
+    return sorted(rng.sample(range(predicted), max_positions))
+
+
+def token_nll(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    # hidden: [k, d], weight: [V, d], targets: [k] int64 -> [k] float32 NLL, nats
+    out = []
+    for i in range(0, hidden.shape[0], CHUNK):
+        logits = (hidden[i:i + CHUNK] @ weight.T).float()  # [c, V]
+        picked = logits.gather(1, targets[i:i + CHUNK, None]).squeeze(1)  # [c]
+        out.append(torch.logsumexp(logits, dim=-1) - picked)
+    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+
+
+def score_prompts(
+    hidden: torch.Tensor, jobs: Sequence[ScoreJob], weight_of: Callable[[str], torch.Tensor]
+) -> list[PromptScore]:
+    """One PromptScore per job; one chunked product per head over all its jobs' rows."""
+    # hidden: [T, d], final-normed, as the prefill produced it
+    picks: list[list[int]] = []
+    for job in jobs:
+        positions = pick_positions(len(job.prompt_ids) - 1, job.max_positions,
+                                   random.Random(job.seed))
+        picks.append(positions)
+    nll_sums = [0.0] * len(jobs)
+    by_head: dict[str, list[int]] = {}
+    for i, job in enumerate(jobs):
+        by_head.setdefault(job.head, []).append(i)
+    for head, members in by_head.items():
+        rows: list[int] = []
+        targets: list[int] = []
+        owner: list[int] = []
+        for i in members:
+            job = jobs[i]
+            rows += [job.first_row + p for p in picks[i]]  # row p predicts token p + 1
+            targets += [job.prompt_ids[p + 1] for p in picks[i]]
+            owner += [i] * len(picks[i])
+        if not rows:
+            continue
+        device = hidden.device
+        nll = token_nll(hidden[torch.tensor(rows, device=device)], weight_of(head),
+                        torch.tensor(targets, dtype=torch.int64, device=device))
+        sums = torch.zeros(len(jobs), dtype=torch.float64, device=device)
+        sums.index_add_(0, torch.tensor(owner, device=device), nll.double())
+        totals = sums.tolist()  # one host sync per head group
+        for i in members:
+            nll_sums[i] = totals[i]
+    out = []
+    for job, positions, total in zip(jobs, picks, nll_sums, strict=True):
+        m, k = len(job.prompt_ids) - 1, len(positions)
+        out.append(PromptScore(total * m / k if k else 0.0, m, k))
+    return out
