@@ -81,6 +81,11 @@ class CalibratedTimer:
         self._shapes: dict[tuple, float] = {}
         self._fit: Fit | None = None
         self._dirty = False
+        self._recorded = 0  # samples accepted so far (the deque keeps the last MAX_SAMPLES)
+
+    @property
+    def sample_count(self) -> int:
+        return self._recorded
 
     @property
     def fit(self) -> Fit | None:
@@ -100,6 +105,7 @@ class CalibratedTimer:
             self._shapes[key] = sample.seconds if old is None else (
                 (1 - EWMA) * old + EWMA * sample.seconds)
             self._samples.append((cost.memory_s, cost.compute_s, sample.seconds))
+            self._recorded += 1
             self._dirty = True
 
     def _refit(self) -> None:

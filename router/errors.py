@@ -56,3 +56,7 @@ class InvalidForecast(RouterError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class CalibrationFileError(RouterError):
+    """A step-sample calibration file is missing, unreadable or malformed."""

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from router.cost import AnalyticTimer
+from router.cost import AnalyticTimer, StepTimer
 from router.devices import DeviceSpec
 from router.profiles import HeadProfile
 from router.simulate.engine import SimEngine, SimResult
@@ -64,12 +64,17 @@ class Row:
 
 def compare(trace: Sequence[SimRequest], trace_name: str, device: DeviceSpec,
             profiles: Sequence[HeadProfile] = PAPER_HEADS, lam: float | None = 100.0,
-            policies: Sequence[str] = POLICIES) -> list[Row]:
+            policies: Sequence[str] = POLICIES, timer: StepTimer | None = None,
+            kv: int | None = None, max_num_seqs: int = 256) -> list[Row]:
+    """`timer`: step times (default: the analytic model on `device`), e.g. a CalibratedTimer
+    seeded from measured steps; `kv`: the KV budget in tokens (default: the device's memory)."""
     heads = [p.name for p in profiles]
+    timer = timer or AnalyticTimer(device)
+    kv = kv if kv is not None else kv_tokens(profiles, device)
     rows = []
     for name in (*policies, *heads):
-        engine = SimEngine(profiles, AnalyticTimer(device), policy_doc(name, heads),
-                           kv_tokens(profiles, device), lambda_forecast=lam)
+        engine = SimEngine(profiles, timer, policy_doc(name, heads), kv, max_num_seqs,
+                           lambda_forecast=lam)
         label = f"static:{name}" if name in heads else name
         rows.append(Row(trace_name, device.name, label, engine.run(trace, label)))
         log.info("%s on %s, %s: %.4g s/MB", trace_name, device.name, label,

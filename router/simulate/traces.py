@@ -70,8 +70,34 @@ def diurnal(duration_s: float = 600, seed: int = 4) -> list[SimRequest]:
     return poisson(rate, duration_s, 1500, 1000, 512, seed, 60.1)
 
 
+@dataclass(frozen=True, slots=True)
+class Phase:
+    regime: str  # "low" (B≈1) or "high" (many requests in flight)
+    end_s: float  # the phase runs until this trace time
+    rate: float  # arrivals per second
+
+
+def day_phases(duration_s: float, quiet: float = 0.15, peak: float = 2.0) -> tuple[Phase, ...]:
+    """A day compressed for a real engine on a CPU: night, a busy noon, night again."""
+    return (Phase("low", 0.3 * duration_s, quiet), Phase("high", 0.7 * duration_s, peak),
+            Phase("low", duration_s, quiet))
+
+
+def phase_at(phases: tuple[Phase, ...], t: float) -> Phase:
+    return next((p for p in phases if t < p.end_s), phases[-1])
+
+
+def cpu_day(duration_s: float = 150, seed: int = 5, peak: float = 2.0) -> list[SimRequest]:
+    """`day_phases` with short chat turns (~60 prompt, ~50 output tokens): a real CPU engine
+    replays it in a few minutes, at B≈1 at night and many requests in flight at noon."""
+    phases = day_phases(duration_s, peak=peak)
+    return poisson(lambda t: phase_at(phases, t).rate, duration_s, 240, 200, 96, seed,
+                   max(p.rate for p in phases))
+
+
 TRACES: dict[str, Callable[..., list[SimRequest]]] = {
     "edge": edge, "datacenter": datacenter, "bursty": bursty, "diurnal": diurnal,
+    "cpu-day": cpu_day,
 }
 
 

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from router.calibration_file import read_step_samples, timer_from_file
 from router.devices import lookup_device
 from router.simulate.compare import Row, best_static, compare, write_csv
 from router.simulate.traces import TRACES, SimRequest, load_trace
@@ -24,6 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, default=None, help="synthetic trace length, s")
     p.add_argument("--lambda", dest="lam", type=float, default=100.0,
                    help="forecast λ the lifecycle policy uses (served ÷ training bytes)")
+    p.add_argument("--calibration", type=Path, default=None, metavar="FILE",
+                   help="step samples from `polyhead bench engine --calibration-out`: simulate "
+                        "that model's heads on the measured device, with calibrated step times "
+                        "(--device is then ignored)")
     p.add_argument("--out", type=Path, default=Path("simulate-out"))
     p.add_argument("--no-plot", action="store_true")
     p.set_defaults(run=run)
@@ -73,7 +78,12 @@ def plot(rows: Sequence[Row], path: Path) -> None:
 def run(args: argparse.Namespace) -> None:
     name, trace = _trace(args.trace, args.duration)
     rows: list[Row] = []
-    for dev in args.device.split(","):
+    if args.calibration is not None:
+        data = read_step_samples(args.calibration)
+        timer = timer_from_file(args.calibration)
+        rows = compare(trace, name, data.device, data.heads, lam=args.lam, timer=timer)
+        print_table(rows)
+    for dev in args.device.split(",") if args.calibration is None else ():
         device_rows = compare(trace, name, lookup_device(dev.strip()), lam=args.lam)
         print_table(device_rows)
         rows.extend(device_rows)

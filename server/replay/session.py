@@ -1,0 +1,65 @@
+"""Replay one trace for every policy and static head, then simulate the same trace.
+
+The simulator runs on this CPU's roofline with the engine's own KV budget and batch cap, with
+two step-time sources side by side: what the router starts from (the calibration file, or
+the analytic floors) and a timer fitted afterwards to every decode step the real runs
+measured (separates the simulator's structure from its calibration).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from heads.checkpoint import Checkpoint
+from router.calibration import CalibratedTimer
+from router.calibration_file import seed_timer, timer_from_file
+from router.cost import AnalyticTimer, StepTimer
+from router.simulate.compare import compare, policy_doc
+from router.simulate.traces import SimRequest
+from server.replay.report import Compared
+from server.replay.runner import ReplayConfig, Replayer, ReplayResult
+from server.wiring import device_spec, head_profiles
+
+log = logging.getLogger(__name__)
+
+
+async def replay_all(ckpt: Checkpoint, trace: Sequence[SimRequest], policies: Sequence[str],
+                     cfg: ReplayConfig, regime_of: Callable[[float], str],
+                     calibration: Path | None = None) -> list[Compared]:
+    profiles = head_profiles(ckpt.manifest, "float32")
+    device = device_spec("auto")
+    heads = [p.name for p in profiles]
+
+    def new_timer() -> StepTimer:
+        # As the gateway: calibrated live from the engine's steps, seeded from the file.
+        if calibration is not None:
+            return timer_from_file(calibration, device, profiles)
+        return CalibratedTimer(device, profiles)
+
+    replayer = Replayer(ckpt, profiles, cfg, new_timer)
+    await replayer.warm_up()
+    real: dict[str, ReplayResult] = {}
+    try:
+        for name in (*policies, *heads):
+            label = f"static:{name}" if name in heads else name
+            real[label] = await replayer.run(trace, policy_doc(name, heads), label, regime_of)
+            r = real[label].result
+            log.info("replay %s: %.4g s/MB, %d requests, %d steps", label, r.cost_s_per_mb,
+                     len(r.latencies), r.steps)
+    finally:
+        await replayer.close()
+
+    fitted = CalibratedTimer(device, profiles)
+    seed_timer(fitted, (s for res in real.values() for s in res.decode_steps))
+    start: StepTimer = (timer_from_file(calibration, device, profiles) if calibration
+                        else AnalyticTimer(device))
+    sim_timers = {"sim (calibration file)" if calibration else "sim (analytic)": start,
+                  "sim (replay-fitted)": fitted}
+    sims = {lab: {row.policy: row.result for row in compare(
+                trace, "replay", device, profiles, cfg.lambda_forecast, policies, timer,
+                kv=replayer.kv_tokens, max_num_seqs=cfg.max_num_seqs)}
+            for lab, timer in sim_timers.items()}
+    return [Compared(label, res, {lab: sims[lab][label] for lab in sims})
+            for label, res in real.items()]

@@ -1,0 +1,62 @@
+"""Real-engine replay on the tiny model: every policy and static head serves the whole trace,
+and the accounting adds up. No timed assertions (CPU timings are noisy)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from heads.checkpoint import load_checkpoint
+from heads.manifest import Manifest
+from router.calibration import CalibratedTimer
+from router.calibration_file import StepSamples, write_step_samples
+from router.simulate.traces import SimRequest
+from server.replay.report import regime_table, table, targets, write_csv
+from server.replay.runner import ReplayConfig
+from server.replay.session import replay_all
+from server.settings import Settings
+from server.wiring import build_router, device_spec, head_profiles
+
+# Three at once (B=3), then one at a time: two regimes by trace time.
+TRACE = [SimRequest(0.0, 120, 60, 16), SimRequest(0.0, 200, 40, 16),
+         SimRequest(0.05, 80, 80, 16), SimRequest(0.6, 100, 30, 8), SimRequest(0.9, 60, 50, 8)]
+
+
+def test_replay_every_policy_and_static_head(tiny_model_dir: Path, tmp_path: Path) -> None:
+    ckpt = load_checkpoint(tiny_model_dir, compute_dtype="float32")
+    rows = asyncio.run(replay_all(ckpt, TRACE, ["lifecycle", "cost"], ReplayConfig(
+        max_num_seqs=4, kv_cache_mb=8, poll_s=0.02), lambda t: "high" if t < 0.5 else "low"))
+    assert [r.policy for r in rows] == ["lifecycle", "cost", "static:1k", "static:4k",
+                                        "static:8k"]
+    for r in rows:
+        res = r.real.result
+        assert len(res.latencies) == len(TRACE) and res.output_bytes > 0  # nothing dropped
+        assert res.device_s > 0 and res.steps > 0 and res.max_batch >= 1
+        assert sum(r.real.head_tokens.values()) == sum(r.real.regime_tokens.values())
+        assert sum(r.real.regime_s.values()) == res.device_s
+        assert set(r.sims) == {"sim (analytic)", "sim (replay-fitted)"}
+        assert all(len(s.latencies) == len(TRACE) for s in r.sims.values())
+        if r.policy.startswith("static:"):
+            assert res.share()[r.policy[7:]] == 1.0 and res.switches == 0
+    text = table(rows) + regime_table(rows)
+    assert "static:8k" in text and "sim (analytic)" in text
+    assert len(targets(rows, ["lifecycle", "cost"])) >= 1
+    write_csv(rows, tmp_path / "replay.csv")
+    lines = (tmp_path / "replay.csv").read_text().splitlines()
+    assert len(lines) == 1 + 5 * 3  # header + (real + two sims) per row
+
+
+def test_serve_settings_seed_the_router_from_a_calibration_file(tiny_model_dir: Path,
+                                                                tmp_path: Path) -> None:
+    from router.calibration import StepSample
+
+    manifest = Manifest.load(tiny_model_dir)
+    profiles = head_profiles(manifest, "float32")
+    samples = tuple(StepSample(((p.name, b, 50.0),), 1e-3 * b) for p in profiles
+                    for b in (1, 2, 4))
+    path = write_step_samples(tmp_path / "steps.json",
+                              StepSamples(device_spec("auto"), tuple(profiles), samples))
+    router, _ = build_router(manifest, Settings(calibration_file=path, cache_dir=tmp_path))
+    assert isinstance(router.timer, CalibratedTimer) and router.timer.sample_count == 9
+    router, _ = build_router(manifest, Settings(cache_dir=tmp_path))
+    assert isinstance(router.timer, CalibratedTimer) and router.timer.sample_count == 0
