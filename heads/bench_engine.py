@@ -22,7 +22,7 @@ import torch
 
 from heads.checkpoint import Checkpoint, load_checkpoint
 from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import GenerationRequest, LocalEngine
+from heads.engine.llm_engine import GenerationRequest, LocalEngine, StepTiming
 from heads.manifest import BackboneConfig, HeadSpec
 from kernels.sampling_params import RowParams
 
@@ -48,7 +48,9 @@ class BenchRow:
 Runner = Callable[[list[int], int, int], float]  # (prompt ids, batch, new tokens) -> seconds
 
 
-def _local_runner(ckpt: Checkpoint, head: str, max_batch: int, max_len: int) -> Runner:
+def _local_runner(ckpt: Checkpoint, head: str, max_batch: int, max_len: int,
+                  timings: list[StepTiming] | None = None) -> Runner:
+    """`timings`, when given, collects every measured decode step (the calibration file)."""
     cfg = EngineConfig(num_kv_blocks=max_batch * (-(-max_len // 16) + 1) + 4,
                        max_num_seqs=max_batch, max_num_batched_tokens=max(1024, max_batch * 64))
     engine = LocalEngine(ckpt.model, cfg)
@@ -65,6 +67,9 @@ def _local_runner(ckpt: Checkpoint, head: str, max_batch: int, max_len: int) -> 
         counts = await asyncio.gather(*(one(r) for r in reqs))
         dt = time.perf_counter() - t0
         assert all(c == n for c in counts), counts
+        steps = engine.drain_step_timings()
+        if timings is not None:
+            timings.extend(t for t in steps if not t.prefill)
         return dt
 
     loop = asyncio.new_event_loop()
@@ -140,15 +145,22 @@ def _measure(run: Runner, ids: list[int], batch: int, n: int, repeats: int) -> f
 
 def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
           engines: list[str], repeats: int = 1, heads: list[str] | None = None,
-          dtype: str | None = None) -> list[BenchRow]:
-    """`dtype` overrides the checkpoint's dtype for every engine alike (None keeps it)."""
+          dtype: str | None = None, timings: list[StepTiming] | None = None) -> list[BenchRow]:
+    """`dtype` overrides the checkpoint's dtype for every engine alike (None keeps it).
+    `timings`, when given, receives the local engine's measured decode steps."""
     torch.set_num_threads(threads)
     ckpt = load_checkpoint(model_dir, compute_dtype=dtype)
     rows: list[BenchRow] = []
+    vllm = None
     if "vllm" in engines and importlib.util.find_spec("vllm") is None:
         log.warning("vllm is not importable here; skipping it")
         rows.append(BenchRow("vllm", "*", 0, 0, threads, new_tokens, float("nan"),
                              float("nan"), "skipped: vllm is not installed"))
+    elif "vllm" in engines:
+        from heads.bench_vllm import VllmBench
+
+        longest = max(len(t.encode(PROMPT)) for t in ckpt.tokenizers.values()) + 1
+        vllm = VllmBench(model_dir, dtype, max(batches), longest + new_tokens)
     for h in sorted(ckpt.manifest.heads, key=lambda h: h.vocab_size):
         if heads and h.name not in heads:
             continue
@@ -156,10 +168,15 @@ def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
         if h.bos_token_id is not None:
             ids = [h.bos_token_id, *ids]
         for engine in engines:
-            if engine == "vllm":
+            if engine == "vllm" and vllm is None:
                 continue
-            run = (_local_runner(ckpt, h.name, max(batches), len(ids) + new_tokens)
-                   if engine == "local" else _hf_runner(ckpt, h))
+            if engine == "vllm":
+                assert vllm is not None
+                run = vllm.runner(h.name)
+            elif engine == "local":
+                run = _local_runner(ckpt, h.name, max(batches), len(ids) + new_tokens, timings)
+            else:
+                run = _hf_runner(ckpt, h)
             for b in batches:
                 dt = _measure(run, ids, b, new_tokens, repeats)
                 steps = new_tokens - 1
@@ -171,8 +188,8 @@ def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
     return rows
 
 
-def ratio(rows: list[BenchRow], row: BenchRow) -> float | None:
-    base = [r for r in rows if r.engine == BASELINE and r.head == row.head
+def ratio(rows: list[BenchRow], row: BenchRow, baseline: str = BASELINE) -> float | None:
+    base = [r for r in rows if r.engine == baseline and r.head == row.head
             and r.batch == row.batch]
     if not base or row.decode_tok_s != row.decode_tok_s:
         return None
@@ -181,12 +198,13 @@ def ratio(rows: list[BenchRow], row: BenchRow) -> float | None:
 
 def table(rows: list[BenchRow]) -> str:
     lines = [f"{'engine':<13}{'head':<7}{'V':>8}{'B':>5}{'thr':>4}{'ms/step':>10}"
-             f"{'tok/s':>10}{'vs ' + BASELINE:>17}  note"]
+             f"{'tok/s':>10}{'vs ' + BASELINE:>17}{'vs vllm':>9}  note"]
     for r in rows:
-        x = ratio(rows, r)
+        x, v = ratio(rows, r), ratio(rows, r, "vllm")
         lines.append(f"{r.engine:<13}{r.head:<7}{r.vocab_size:>8}{r.batch:>5}{r.threads:>4}"
                      f"{r.ms_per_step:>10.1f}{r.decode_tok_s:>10.1f}"
-                     f"{'-' if x is None else f'{x:.2f}x':>17}  {r.note}")
+                     f"{'-' if x is None else f'{x:.2f}x':>17}"
+                     f"{'-' if v is None else f'{v:.2f}x':>9}  {r.note}")
     return "\n".join(lines)
 
 
@@ -198,7 +216,8 @@ def write(rows: list[BenchRow], out: Path) -> tuple[Path, Path]:
 
     out.mkdir(parents=True, exist_ok=True)
     js = out / "bench_engine.json"
-    js.write_text(json.dumps([{**asdict(r), "ratio_vs_" + BASELINE: ratio(rows, r)}
+    js.write_text(json.dumps([{**asdict(r), "ratio_vs_" + BASELINE: ratio(rows, r),
+                               "ratio_vs_vllm": ratio(rows, r, "vllm")}
                               for r in rows], indent=2) + "\n")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key in dict.fromkeys((r.engine, r.head) for r in rows):

@@ -87,6 +87,13 @@ def _validate_weights(directory: Path) -> Manifest:
     return manifest
 
 
+def load_metadata(directory: Path) -> tuple[Manifest, dict[str, HeadTokenizer]]:
+    """The manifest and tokenizers without the weights: all a gateway in front of a remote
+    or vLLM engine needs (the shapes are still checked against the weights file)."""
+    manifest = _validate_weights(directory)
+    return manifest, _load_tokenizers(directory, manifest)
+
+
 def load_checkpoint(
     directory: Path, device: str = "cpu", compute_dtype: str | None = None
 ) -> Checkpoint:

@@ -28,3 +28,11 @@ class CorpusError(HeadsError):
 
 class FetchError(HeadsError):
     """A named model cannot be downloaded, verified or converted (network, checksum, disk)."""
+
+
+class EngineUnavailable(EngineError):
+    """No healthy engine replica serves the request's head right now (retry later)."""
+
+
+class EngineLost(EngineError):
+    """The engine replica serving a stream stopped answering after tokens were sent."""

@@ -9,11 +9,11 @@ from pydantic import ValidationError
 
 from heads.errors import HeadsError
 from router.errors import RouterError
-from server.commands import bench, corpus, heads, kernels, model, plan, serve, simulate
+from server.commands import bench, corpus, export, heads, kernels, model, plan, serve, simulate
 from server.commands.errors import CliError
 
 # Command groups in `--help` order; each module has `register(subparsers)`.
-COMMANDS = (serve, model, heads, corpus, kernels, simulate, plan, bench)
+COMMANDS = (serve, model, heads, corpus, kernels, simulate, plan, bench, export)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -14,7 +14,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from heads.errors import EngineError, EngineOverloaded, EngineStopped, TokenizerError
+from heads.errors import (
+    EngineError,
+    EngineLost,
+    EngineOverloaded,
+    EngineStopped,
+    EngineUnavailable,
+    TokenizerError,
+)
 from kernels.errors import KernelError
 from router.errors import (
     AdmissionRejected,
@@ -119,8 +126,11 @@ def to_api_error(exc: Exception) -> APIError:
     if isinstance(exc, EngineOverloaded):
         # The request can never fit the KV cache: a client error, like vLLM's context-length 400.
         return BadRequest(str(exc), param="max_tokens")
-    if isinstance(exc, EngineStopped):
+    if isinstance(exc, EngineStopped | EngineLost):
         return Unavailable(str(exc))
+    if isinstance(exc, EngineUnavailable):
+        # Health polls run every few seconds: a retry after that may find a replica back.
+        return Unavailable(str(exc), headers={"Retry-After": "2"})
     if isinstance(exc, KernelError | TokenizerError):
         return BadRequest(str(exc))
     if isinstance(exc, EngineError | RouterError):

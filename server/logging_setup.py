@@ -37,6 +37,8 @@ def configure_logging(fmt: str, level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # httpx logs every request at INFO: the vLLM backend's health polls would flood the log.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
 
 
 class _StderrHandler(logging.StreamHandler):

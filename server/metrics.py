@@ -17,6 +17,9 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily
 
+from server.engine_metrics import EngineMetrics
+from server.prompt_bpb import QualityMetrics
+
 # Latency buckets in seconds: sub-millisecond gateway work up to multi-minute generations.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # The gateway's own work and the gaps between tokens: 100 µs up to a second.
@@ -78,6 +81,8 @@ class Metrics:
         self._add_operations_metrics(r)
         # polyhead_unembed_kernel_total{head,kernel}: the engine's counts, copied at scrape time.
         self.unembed_kernels = KernelCounts(registry=r)
+        self.quality = QualityMetrics(r)  # live prompt BPB, drift, quality guard
+        self.engines = EngineMetrics(r)  # per vLLM replica: up, load, failovers
 
     def _add_operations_metrics(self, r: CollectorRegistry) -> None:
         self.http_latency = Histogram(

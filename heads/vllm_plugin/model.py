@@ -1,0 +1,153 @@
+"""PolyheadForCausalLM: vLLM's own decoder stack plus every vocabulary head, in one engine.
+
+The engine's vocabulary is the heads laid end to end (heads/vllm_layout.py): a global ID g of
+head h is row g - off_h of h's matrix. Three places differ from a stock vLLM model:
+
+- `embed_input_ids` looks each ID up in its head's matrix (nested heads share one, so the
+  32k head's rows are the first rows of the 262k head's; no table is duplicated);
+- `forward` appends one channel to the hidden states, the head index of each position's
+  input token (`bucketize`). The runner slices hidden states to the sampled positions before
+  `compute_logits`, and the channel travels with them: a request's next token belongs to the
+  head of its current token;
+- `compute_logits` multiplies each head group only by that head's V_h rows and leaves -inf
+  in every other head's range, so sampling can never leave the request's head.
+
+Only tensor parallel size 1 and one pipeline stage are supported: the head matrices are plain
+tensors, not vocab-parallel shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+from heads.vllm_layout import CONFIG_KEY, VocabLayout
+
+EMBED_TOKENS = "model.embed_tokens.weight"
+
+
+def _decoder_class(model_type: str) -> type[nn.Module]:
+    if model_type == "gemma3_text":
+        from vllm.model_executor.models.gemma3 import Gemma3Model
+
+        return Gemma3Model
+    if model_type == "llama":
+        from vllm.model_executor.models.llama import LlamaModel
+
+        return LlamaModel
+    raise ValueError(f"polyhead: no vLLM decoder for model_type {model_type!r}")
+
+
+class PolyheadForCausalLM(nn.Module):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        if get_tensor_model_parallel_world_size() != 1:
+            raise ValueError("polyhead heads support tensor_parallel_size=1 only")
+        config = vllm_config.model_config.hf_config
+        self.layout = VocabLayout.from_json(getattr(config, CONFIG_KEY))
+        self.total_vocab = self.layout.total_vocab
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+        # The decoder sizes its embed_tokens from config.vocab_size: give it the first head
+        # matrix's rows (it then *is* that matrix) instead of the concatenated ΣV_h.
+        concatenated = config.vocab_size
+        config.vocab_size = self.layout.matrices[0][1]
+        try:
+            decoder = _decoder_class(config.model_type)
+            self.model = decoder(vllm_config=vllm_config, prefix=f"{prefix}model")
+        finally:
+            config.vocab_size = concatenated
+        self.is_gemma = config.model_type == "gemma3_text"  # embeddings scale by sqrt(d)
+        dtype = vllm_config.model_config.dtype
+        self.head_matrices = nn.ParameterDict({
+            str(i): nn.Parameter(torch.empty(rows, config.hidden_size, dtype=dtype),
+                                 requires_grad=False)
+            for i, (_, rows) in enumerate(self.layout.matrices) if i > 0
+        })
+        for p in self.head_matrices.values():
+            p.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+        self.register_buffer("bounds", torch.tensor(self.layout.bounds, dtype=torch.int64),
+                             persistent=False)
+        self.register_buffer("offsets", torch.tensor([h.offset for h in self.layout.heads],
+                                                     dtype=torch.int64), persistent=False)
+        self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+
+    def _matrix(self, i: int) -> torch.Tensor:
+        return self.model.embed_tokens.weight if i == 0 else self.head_matrices[str(i)]
+
+    def _head_index(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.bucketize(input_ids, self.bounds, right=True)  # [T] int64
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # input_ids: [T] global IDs -> [T, d]
+        head = self._head_index(input_ids)
+        local = input_ids - self.offsets[head]
+        matrices = {h.embedding for h in self.layout.heads}
+        if len(matrices) == 1:  # the nested case: one gather serves every head
+            x = F.embedding(local, self._matrix(matrices.pop()))
+        else:
+            x = torch.empty(input_ids.shape[0], self._matrix(0).shape[1],
+                            dtype=self._matrix(0).dtype, device=input_ids.device)
+            for i, h in enumerate(self.layout.heads):
+                rows = head == i
+                x[rows] = F.embedding(local[rows], self._matrix(h.embedding))
+        return x * self.model.normalizer if self.is_gemma else x
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors: object = None, inputs_embeds: torch.Tensor | None = None,
+                **kwargs: object) -> torch.Tensor:
+        if input_ids is None:
+            raise ValueError("polyhead needs token IDs to know each position's head")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_input_ids(input_ids)
+        hidden = self.model(None, positions, intermediate_tensors, inputs_embeds, **kwargs)
+        head = self._head_index(input_ids).to(hidden.dtype).unsqueeze(-1)  # [T, 1]
+        return torch.cat([hidden, head], dim=-1)  # [T, d + 1]
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # hidden_states: [N, d + 1] at the sampled positions -> logits [N, ΣV_h]
+        h, head = hidden_states[:, :-1], hidden_states[:, -1].round().long()
+        out = h.new_full((h.shape[0], self.total_vocab), float("-inf"))
+        if h.shape[0] == 0:
+            return out
+        lo, hi = int(head.min()), int(head.max())
+        groups = [lo] if lo == hi else [int(i) for i in head.unique().tolist()]
+        for i in groups:
+            spec = self.layout.heads[i]
+            weight = self._matrix(spec.unembedding)[: spec.vocab_size]  # [V_h, d], a view
+            cols = slice(spec.offset, spec.offset + spec.vocab_size)
+            if lo == hi:  # one head in the batch: no row split
+                out[:, cols] = self._cap(F.linear(h, weight))
+            else:
+                rows = (head == i).nonzero(as_tuple=True)[0]
+                out[rows, cols] = self._cap(F.linear(h[rows], weight))
+        return out
+
+    def _cap(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.softcap:
+            return logits
+        return torch.tanh(logits / self.softcap) * self.softcap
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        extra: list[tuple[str, torch.Tensor]] = []
+
+        def backbone() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                if name.startswith("model."):
+                    yield name.removeprefix("model."), tensor
+                else:
+                    extra.append((name, tensor))
+
+        loaded = {f"model.{n}" for n in self.model.load_weights(backbone())}
+        params = dict(self.named_parameters())
+        for name, tensor in extra:
+            if name not in params:
+                raise ValueError(f"polyhead: unexpected tensor {name!r} in the checkpoint")
+            default_weight_loader(params[name], tensor)
+            loaded.add(name)
+        return loaded

@@ -1,0 +1,181 @@
+"""vLLM as the gateway's engine: one or more replicas (in-process AsyncLLM or remote OpenAI
+servers), each serving every head through the multi-head plugin, or one head each in the
+fallback layout.
+
+The gateway does what vLLM cannot do per head: it adds head h's offset to the prompt's IDs
+and subtracts it from the sampled ones (checking each stays inside h's range), counts
+in-flight requests per head (vLLM's gauges are per engine), polls each replica's health and
+signals, and fails a request over to another healthy replica serving its head when its
+replica cannot be reached before the first token. A replica lost mid-stream ends that stream
+with an EngineLost error event; tokens already sent are never replayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import Counter
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+
+from heads.engine.llm_engine import GenerationRequest, HeadLoad, TokenEvent
+from heads.engine.prompt_score import PromptScore
+from heads.errors import EngineError, EngineLost, EngineUnavailable
+from server.backends.vllm_signals import EngineSignals
+from server.backends.vllm_types import Chunk, Replica, ReplicaFailed, VllmParams
+from server.engine_metrics import ReplicaStats
+
+log = logging.getLogger(__name__)
+
+
+class VllmBackend:
+    def __init__(self, replicas: Sequence[Replica], head_sizes: dict[str, int],
+                 poll_interval_s: float = 2.0, pass_seed: bool = False,
+                 prompt_logprobs: bool = False) -> None:
+        self.replicas = list(replicas)
+        self.head_sizes = head_sizes  # head -> V_h, to check every returned ID
+        self.poll_interval_s = poll_interval_s
+        self.pass_seed = pass_seed
+        self.prompt_logprobs = prompt_logprobs
+        self._waiting: Counter[str] = Counter()  # per head: sent, no token back yet
+        self._running: Counter[str] = Counter()  # per head: streaming tokens
+        self._inflight: Counter[str] = Counter()  # per replica
+        self.failovers: Counter[str] = Counter()  # replica -> requests moved away from it
+        self.lost_streams: Counter[str] = Counter()  # replica -> streams cut mid-way
+        self._poller: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await asyncio.gather(*(r.start() for r in self.replicas))
+        self._poller = asyncio.create_task(self._poll_forever(), name="vllm-health")
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        await asyncio.gather(*(r.stop() for r in self.replicas), return_exceptions=True)
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval_s)
+            await asyncio.gather(*(r.poll() for r in self.replicas))
+
+    def _pick(self, head: str, tried: set[str]) -> Replica | None:
+        live = [r for r in self.replicas if r.up and head in r.heads and r.name not in tried]
+        # Least loaded: the gateway's own in-flight count is current; vLLM's gauges lag a poll.
+        return min(live, key=lambda r: (self._inflight[r.name], r.signals.kv_usage), default=None)
+
+    def _params(self, req: GenerationRequest, offset: int) -> VllmParams:
+        s = req.sampling
+        return VllmParams(
+            prompt_ids=tuple(t + offset for t in req.prompt_ids), max_tokens=req.max_tokens,
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+            seed=s.seed if self.pass_seed else None,
+            stop_token_ids=tuple(sorted(t + offset for t in req.stop_token_ids)),
+            logprobs=req.want_logprobs,
+            prompt_logprobs=req.score_prompt and self.prompt_logprobs,
+        )
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        tried: set[str] = set()
+        while True:
+            replica = self._pick(req.head, tried)
+            if replica is None:
+                raise EngineUnavailable(f"no healthy vLLM engine serves head {req.head!r}")
+            sent = 0
+            self._waiting[req.head] += 1
+            self._inflight[replica.name] += 1
+            try:
+                async for event in self._events(replica, req):
+                    if sent == 0:
+                        self._waiting[req.head] -= 1
+                        self._running[req.head] += 1
+                    sent += 1
+                    yield event
+                return
+            except ReplicaFailed as e:
+                replica.up = False  # until its next successful poll
+                if sent:
+                    self.lost_streams[replica.name] += 1
+                    raise EngineLost(f"vLLM engine {replica.name} failed mid-stream after "
+                                     f"{sent} tokens: {e}") from e
+                log.warning("vLLM engine %s failed (%s); failing over", replica.name, e)
+                self.failovers[replica.name] += 1
+                tried.add(replica.name)
+            finally:
+                (self._running if sent else self._waiting)[req.head] -= 1
+                self._inflight[replica.name] -= 1
+
+    async def _events(self, replica: Replica, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        offset, size = replica.offsets[req.head], self.head_sizes[req.head]
+        rid = f"{req.request_id}-{uuid.uuid4().hex[:8]}"
+        stream = replica.stream(self._params(req, offset), rid)
+        predicted = len(req.prompt_ids) - 1
+        finished = False
+        try:
+            while not finished:
+                chunk = await self._next(stream, replica)
+                if chunk is None:
+                    raise ReplicaFailed(f"{replica.name}: stream ended without a finish reason")
+                score = None
+                if chunk.prompt_nll is not None:
+                    score = PromptScore(chunk.prompt_nll, predicted, predicted)
+                for i, gid in enumerate(chunk.token_ids):
+                    local = gid - offset
+                    if not 0 <= local < size:
+                        raise EngineError(f"vLLM engine {replica.name} sampled id {gid}, "
+                                          f"outside head {req.head!r}'s range")
+                    last = i == len(chunk.token_ids) - 1
+                    finished = last and chunk.finish_reason is not None
+                    yield TokenEvent(
+                        local, chunk.logprobs[i] if chunk.logprobs else None,
+                        _finish(chunk.finish_reason) if last else None,
+                        score if i == 0 else None,
+                    )
+                if chunk.finish_reason is not None and not chunk.token_ids:
+                    raise ReplicaFailed(f"{replica.name}: finished ({chunk.finish_reason}) "
+                                        "without a token")
+        finally:
+            await stream.aclose()  # aborts the request in the engine when we stop early
+
+    async def _next(self, stream: AsyncGenerator[Chunk, None], replica: Replica) -> Chunk | None:
+        """The next chunk, or ReplicaFailed as soon as the health poll marks the replica down
+        (a host cut off the network sends no reset: without this a stream waits out its
+        read timeout)."""
+        task = asyncio.ensure_future(anext(stream, None))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.poll_interval_s)
+                if done:
+                    return task.result()
+                if not replica.up:
+                    raise ReplicaFailed(f"{replica.name}: marked down by the health check")
+        finally:
+            if not task.done():  # down, or our consumer was cancelled while we waited
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    def head_load(self) -> dict[str, HeadLoad]:
+        return {h: HeadLoad(self._running[h], self._waiting[h]) for h in self.head_sizes}
+
+    def _live_signals(self) -> list[EngineSignals]:
+        return [r.signals for r in self.replicas if r.up]
+
+    def kv_blocks(self) -> tuple[int, int]:
+        live = self._live_signals()
+        return sum(s.blocks_used for s in live), sum(s.num_blocks for s in live)
+
+    def kv_block_size(self) -> int | None:
+        sizes = {s.block_size for s in self._live_signals() if s.block_size}
+        return min(sizes) if sizes else None
+
+    def replica_stats(self) -> list[ReplicaStats]:
+        return [
+            ReplicaStats(r.name, r.up, r.signals.running, r.signals.waiting, r.signals.kv_usage,
+                         self.failovers[r.name], self.lost_streams[r.name])
+            for r in self.replicas
+        ]
+
+
+def _finish(reason: str | None) -> str | None:
+    # vLLM also reports "abort"/"error"; the gateway's streams know "stop" and "length".
+    return reason if reason in (None, "stop", "length") else "stop"

