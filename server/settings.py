@@ -106,6 +106,9 @@ class Settings(BaseSettings):
     vllm_k8s_service: str | None = None  # discovery=kubernetes: Service whose endpoints...
     vllm_k8s_namespace: str = "default"
     vllm_k8s_port: str = "http"  # ...port name (or number) of the engines' API
+    # API server URL; None: in-cluster (https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT,
+    # service-account token and CA). Outside a cluster: e.g. `kubectl proxy`'s http://127.0.0.1:8001.
+    vllm_k8s_api: str | None = None
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: as compute_dtype
     vllm_max_model_len: int | None = Field(default=None, gt=0)
     vllm_kv_cache_gb: float = Field(default=1.0, gt=0)  # in-process, CPU: KV cache space

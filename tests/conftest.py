@@ -7,15 +7,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
+
+from tests.process_util import ServerProcess, wait_ready
 
 if not torch.cuda.is_available():
     # Triton reads this when a kernel module is first imported, and any test (the engine's
@@ -50,14 +49,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@dataclass
-class Gateway:
-    url: str
-    process: subprocess.Popen
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+Gateway = ServerProcess  # a `polyhead serve` process
 
 
 def start_gateway(model_dir: Path, log_path: Path, ready_timeout_s: float = 120,
@@ -70,18 +62,8 @@ def start_gateway(model_dir: Path, log_path: Path, ready_timeout_s: float = 120,
     proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve"], env=full_env,
                             stdout=logf, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + ready_timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited early:\n{log_path.read_text()}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return Gateway(url, proc, log_path)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"gateway not ready in time:\n{log_path.read_text()}")
+    wait_ready(proc, url, log_path, ready_timeout_s, path="/readyz")
+    return Gateway(url, proc, log_path)
 
 
 def stop_gateway(gw: Gateway) -> int:

@@ -22,7 +22,7 @@ from heads.engine.llm_engine import GenerationRequest, HeadLoad, TokenEvent
 from heads.engine.prompt_score import PromptScore
 from heads.errors import EngineError, EngineLost, EngineUnavailable
 from server.backends.vllm_signals import EngineSignals
-from server.backends.vllm_types import Chunk, Replica, ReplicaFailed, VllmParams
+from server.backends.vllm_types import Chunk, Discovery, Replica, ReplicaFailed, VllmParams
 from server.engine_metrics import ReplicaStats
 
 log = logging.getLogger(__name__)
@@ -31,8 +31,10 @@ log = logging.getLogger(__name__)
 class VllmBackend:
     def __init__(self, replicas: Sequence[Replica], head_sizes: dict[str, int],
                  poll_interval_s: float = 2.0, pass_seed: bool = False,
-                 prompt_logprobs: bool = False) -> None:
+                 prompt_logprobs: bool = False, discovery: Discovery | None = None) -> None:
         self.replicas = list(replicas)
+        self.discovery = discovery  # None: a fixed replica set
+        self._retired: list[Replica] = []  # gone from discovery, streams still in flight
         self.head_sizes = head_sizes  # head -> V_h, to check every returned ID
         self.poll_interval_s = poll_interval_s
         self.pass_seed = pass_seed
@@ -46,18 +48,48 @@ class VllmBackend:
 
     async def start(self) -> None:
         await asyncio.gather(*(r.start() for r in self.replicas))
+        await self._rediscover()
         self._poller = asyncio.create_task(self._poll_forever(), name="vllm-health")
 
     async def stop(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
-        await asyncio.gather(*(r.stop() for r in self.replicas), return_exceptions=True)
+        await asyncio.gather(*(r.stop() for r in [*self.replicas, *self._retired]),
+                             return_exceptions=True)
+        if self.discovery is not None:
+            await self.discovery.close()
 
     async def _poll_forever(self) -> None:
         while True:
             await asyncio.sleep(self.poll_interval_s)
+            await self._rediscover()
             await asyncio.gather(*(r.poll() for r in self.replicas))
+
+    async def _rediscover(self) -> None:
+        """Match the replicas to what discovery sees. A vanished replica only leaves the
+        routing set: it is stopped once its in-flight requests end, so no stream is cut."""
+        found = self.discovery
+        urls = await found.discover() if found is not None else None
+        if found is not None and urls is not None:
+            for r in [r for r in self.replicas if r.name not in urls]:
+                log.info("vLLM engine %s left discovery; retiring it", r.name)
+                self.replicas.remove(r)
+                self._retired.append(r)
+            known = {r.name for r in self.replicas}
+            for url in sorted(urls - known):
+                back = next((r for r in self._retired if r.name == url), None)
+                if back is not None:
+                    self._retired.remove(back)  # returned before it drained: reuse it
+                else:
+                    back = found.make(url)
+                    await back.start()
+                log.info("vLLM engine %s discovered", url)
+                self.replicas.append(back)
+        drained = [r for r in self._retired if self._inflight[r.name] == 0]
+        for r in drained:
+            self._retired.remove(r)
+            await r.stop()
 
     def _pick(self, head: str, tried: set[str]) -> Replica | None:
         live = [r for r in self.replicas if r.up and head in r.heads and r.name not in tried]

@@ -8,9 +8,10 @@ from pathlib import Path
 from heads.manifest import MANIFEST_FILE, Manifest
 from heads.vllm_layout import VocabLayout
 from server.backends.vllm import VllmBackend
+from server.backends.vllm_discovery import K8sConfig, K8sDiscovery, in_cluster_api
 from server.backends.vllm_inprocess import InProcessConfig, InProcessReplica
 from server.backends.vllm_remote import RemoteReplica
-from server.backends.vllm_types import Replica
+from server.backends.vllm_types import Discovery, Replica
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ def make_vllm_backend(settings: Settings, model_dir: Path, manifest: Manifest,
     every = frozenset(manifest.head_names)
     offsets = {h.name: h.offset for h in layout.heads}
     replicas: list[Replica] = []
+    discovery: Discovery | None = None
     if settings.vllm_mode == "in-process":
         config = InProcessConfig(
             exported_dir(settings, model_dir, manifest), dtype=dtype,
@@ -51,6 +53,12 @@ def make_vllm_backend(settings: Settings, model_dir: Path, manifest: Manifest,
             return RemoteReplica(url, heads, offs, settings.vllm_served_model,
                                  settings.vllm_connect_timeout_s, settings.vllm_read_timeout_s)
 
+        if settings.vllm_discovery == "kubernetes":
+            # The discovered set replaces the replicas on every poll: static ones would go.
+            if settings.vllm_urls or settings.vllm_head_urls:
+                raise ValueError("vllm_discovery=kubernetes finds the engines itself: "
+                                 "leave vllm_urls and vllm_head_urls empty")
+            discovery = K8sDiscovery(k8s_config(settings), lambda u: remote(u, every, offsets))
         replicas += [remote(u, every, offsets) for u in settings.vllm_urls]
         for head, urls in settings.vllm_head_urls.items():
             manifest.head(head)  # KeyError names an unknown head
@@ -58,4 +66,10 @@ def make_vllm_backend(settings: Settings, model_dir: Path, manifest: Manifest,
             replicas += [remote(u, frozenset({head}), {head: 0}) for u in urls]
     sizes = {h.name: h.vocab_size for h in manifest.heads}
     return VllmBackend(replicas, sizes, settings.vllm_poll_interval_s, settings.vllm_pass_seed,
-                       settings.vllm_prompt_logprobs)
+                       settings.vllm_prompt_logprobs, discovery)
+
+
+def k8s_config(settings: Settings) -> K8sConfig:
+    # Discovered engines are multi-head engines (every head), like vllm_urls.
+    return K8sConfig(settings.vllm_k8s_api or in_cluster_api(), settings.vllm_k8s_namespace,
+                     settings.vllm_k8s_service or "", settings.vllm_k8s_port)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,3 +52,15 @@ class Replica(Protocol):
         ...
 
     def stream(self, params: VllmParams, request_id: str) -> AsyncGenerator[Chunk, None]: ...
+
+
+class Discovery(Protocol):
+    """Where the engines are now (server/backends/vllm_discovery.py)."""
+
+    make: Callable[[str], Replica]  # engine URL -> its replica, not started
+
+    async def discover(self) -> set[str] | None:
+        """Engine URLs; None when unknown (the backend keeps its current replicas)."""
+        ...
+
+    async def close(self) -> None: ...

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 
 from fastapi import APIRouter, Header, Query, Request
 
+from router.calibration import CalibratedTimer
 from router.errors import RouterError
 from router.quality import HeadQuality
 from router.router import Router
@@ -72,11 +74,28 @@ async def undrain(head: str, actor: AdminDep, svc: ServiceDep, m: MetricsDep,
     return await _set_drained(head, False, actor, svc, m, audit)
 
 
+def _calibration_view(r: Router, source: Path | None) -> dict:
+    """Which step-time model routes: the analytic roofline, or a fit to measured steps (live
+    engine steps, seeded by a `bench engine --calibration-out` file when one is set)."""
+    device = r.device
+    view: dict = {
+        "status": "roofline",
+        "device": dataclasses.asdict(device) if dataclasses.is_dataclass(device) else {},
+        "file": str(source) if source is not None else None,
+    }
+    if isinstance(r.timer, CalibratedTimer):
+        fit = r.timer.fit
+        view["samples"] = r.timer.sample_count
+        if fit is not None:
+            view["status"] = "fitted"
+            view["fit"] = dataclasses.asdict(fit)
+    return view
+
+
 @router.get("/state")
-async def state(_: AdminDep, svc: ServiceDep, r: RouterDep) -> dict:
+async def state(_: AdminDep, svc: ServiceDep, r: RouterDep, settings: SettingsDep) -> dict:
     svc.refresh_load()
     snap = svc.state.snapshot()
-    device = r.device
     return {
         "lambda": {"all": snap.lam(), **{h: snap.lam(h) for h in r.heads}},
         "counters": {"served_bytes": dict(snap.served_bytes),
@@ -84,10 +103,8 @@ async def state(_: AdminDep, svc: ServiceDep, r: RouterDep) -> dict:
                      "running": dict(snap.running), "waiting": dict(snap.waiting)},
         "policy": policy_view(r),
         "drained": sorted(r.drained),
-        "calibration": {
-            "status": "roofline",  # no measured calibration is loaded by the gateway yet
-            "device": dataclasses.asdict(device) if dataclasses.is_dataclass(device) else {},
-        },
+        "calibration": _calibration_view(r, settings.calibration_file),
+
     }
 
 
