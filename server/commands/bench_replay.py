@@ -28,6 +28,8 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-seqs", type=int, default=32, help="engine batch cap")
     p.add_argument("--out", type=Path, default=Path("bench-results"),
                    help="directory for bench_replay.csv")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="replay every policy/head this many times, interleaved; median kept")
     p.set_defaults(run=_run)
 
 
@@ -46,8 +48,8 @@ def _run(args: argparse.Namespace) -> None:
 
     configure_logging("text", "INFO")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if not policies or args.duration <= 0 or args.threads < 1:
-        raise CliError("need at least one policy, --duration > 0 and --threads >= 1")
+    if not policies or args.duration <= 0 or args.threads < 1 or args.rounds < 1:
+        raise CliError("need at least one policy, --duration > 0, --threads >= 1, --rounds >= 1")
     if args.trace == "cpu-day":
         trace, phases = cpu_day(args.duration, peak=args.peak), day_phases(args.duration,
                                                                         peak=args.peak)
@@ -63,11 +65,12 @@ def _run(args: argparse.Namespace) -> None:
     print(f"replaying {len(trace)} requests over {trace[-1].arrival_s:.0f} s on "
           f"{ckpt.manifest.model_name} ({args.threads} threads, float32) for "
           f"{', '.join(policies)} and every static head; this takes a few minutes per run")
-    rows = asyncio.run(replay_all(ckpt, trace, policies, cfg, regime_of, args.calibration))
+    rows = asyncio.run(replay_all(ckpt, trace, policies, cfg, regime_of, args.calibration,
+                                  args.rounds))
     print(table(rows))
     print("\nmeasured cost per regime (steps stamped with trace time):")
     print(regime_table(rows))
-    print("\ntargets (measured; single run, noisy shared CPU):")
+    print(f"\ntargets (measured; median of {args.rounds} interleaved round(s)):")
     for name, met, detail in targets(rows, policies):
         print(f"  {'MET ' if met else 'MISS'} {name}: {detail}")
     args.out.mkdir(parents=True, exist_ok=True)
