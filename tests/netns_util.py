@@ -32,6 +32,9 @@ def netns_unavailable() -> str | None:
     return None
 
 
+FALLBACK_METRIC = "4000"  # above the connected route's 0: used only while the link is down
+
+
 @dataclass(frozen=True)
 class Host:
     """A namespace `ns` reachable from the root namespace at `addr` over `root_if`."""
@@ -39,6 +42,7 @@ class Host:
     ns: str
     root_if: str  # the root namespace's end of the veth pair; down = host cut off
     addr: str
+    subnet: str  # its /24, with a fallback route while the link is down
 
     def exec_prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.ns]
@@ -50,8 +54,10 @@ class Host:
         _ip("link", "set", self.root_if, "up")
 
     def remove(self) -> None:
-        # Deleting the namespace also deletes both ends of its veth pair.
+        # Deleting the namespace also deletes both ends of its veth pair, not the route.
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+        subprocess.run(["ip", "route", "del", "unreachable", self.subnet,
+                        "metric", FALLBACK_METRIC], capture_output=True)
 
 
 def make_host(tag: str, index: int) -> Host:
@@ -59,8 +65,12 @@ def make_host(tag: str, index: int) -> Host:
     interface names (15 chars at most) unique per test run."""
     ns, root_if, inner_if = f"ph{tag}-{index}", f"ph{tag}r{index}", f"ph{tag}n{index}"
     subnet = f"10.231.{index}"
-    host = Host(ns, root_if, f"{subnet}.2")
+    host = Host(ns, root_if, f"{subnet}.2", f"{subnet}.0/24")
     try:
+        # While the link is down its connected route is gone; without this one, packets for
+        # the host would follow the default route, and whatever answers there (in a sandbox,
+        # an egress proxy's HTTP 404) would stand in for the engine. With it: no route to host.
+        _ip("route", "add", "unreachable", host.subnet, "metric", FALLBACK_METRIC)
         _ip("netns", "add", ns)
         _ip("link", "add", root_if, "type", "veth", "peer", "name", inner_if)
         _ip("link", "set", inner_if, "netns", ns)

@@ -86,7 +86,7 @@ class K8sDiscovery:
         verify: ssl.SSLContext | bool = (ssl.create_default_context(cafile=str(ca))
                                          if ca is not None and ca.is_file() else True)
         self._client = httpx.AsyncClient(base_url=config.api, verify=verify, timeout=timeout_s)
-        self._path = (f"/apis/discovery.k8s.io/v1/namespaces/{config.namespace}/endpointslices")
+        self._path = f"/apis/discovery.k8s.io/v1/namespaces/{config.namespace}/endpointslices"
 
     def _headers(self) -> dict[str, str]:
         # Read on every call: the kubelet rotates projected service-account tokens.
@@ -102,7 +102,8 @@ class K8sDiscovery:
             resp = await self._client.get(self._path, params=params, headers=self._headers())
             resp.raise_for_status()
             return slice_urls(resp.json(), self.config.port)
-        except (httpx.HTTPError, ValueError, OSError, AttributeError) as e:
+        # Also a malformed answer: raising here would end the backend's health poller.
+        except (httpx.HTTPError, OSError, ValueError, TypeError, KeyError, AttributeError) as e:
             log.warning("listing EndpointSlices of %s/%s failed: %r", self.config.namespace,
                         self.config.service, e)
             return None

