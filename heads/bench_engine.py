@@ -161,6 +161,18 @@ def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
 
         longest = max(len(t.encode(PROMPT)) for t in ckpt.tokenizers.values()) + 1
         vllm = VllmBench(model_dir, dtype, max(batches), longest + new_tokens)
+    try:
+        _bench_heads(ckpt, batches, new_tokens, threads, engines, repeats, heads, timings,
+                     vllm, rows)
+    finally:
+        if vllm is not None:
+            vllm.close()
+    return rows
+
+
+def _bench_heads(ckpt: Checkpoint, batches: list[int], new_tokens: int, threads: int,
+                 engines: list[str], repeats: int, heads: list[str] | None,
+                 timings: list[StepTiming] | None, vllm: Any, rows: list[BenchRow]) -> None:
     for h in sorted(ckpt.manifest.heads, key=lambda h: h.vocab_size):
         if heads and h.name not in heads:
             continue
@@ -185,7 +197,6 @@ def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
                 log.info("%s %s B=%d: %.1f tok/s, %.1f ms/step", engine, h.name, b,
                          row.decode_tok_s, row.ms_per_step)
                 rows.append(row)
-    return rows
 
 
 def ratio(rows: list[BenchRow], row: BenchRow, baseline: str = BASELINE) -> float | None:

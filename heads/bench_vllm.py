@@ -58,5 +58,10 @@ class VllmBench:
         return run
 
     def close(self) -> None:
+        # Stop the engine-core process now, while logging still works; left to the
+        # interpreter's exit hooks it logs into closed streams.
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
         self.llm = None
         self._tmp.cleanup()
