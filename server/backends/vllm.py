@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from heads.engine.llm_engine import GenerationRequest, HeadLoad, TokenEvent
 from heads.engine.prompt_score import PromptScore
 from heads.errors import EngineError, EngineLost, EngineUnavailable
-from server.backends.vllm_signals import EngineSignals
+from server.backends.vllm_replicas import ReplicaSet
 from server.backends.vllm_types import Chunk, Discovery, Replica, ReplicaFailed, VllmParams
 from server.engine_metrics import ReplicaStats
 
@@ -32,69 +32,23 @@ class VllmBackend:
     def __init__(self, replicas: Sequence[Replica], head_sizes: dict[str, int],
                  poll_interval_s: float = 2.0, pass_seed: bool = False,
                  prompt_logprobs: bool = False, discovery: Discovery | None = None) -> None:
-        self.replicas = list(replicas)
-        self.discovery = discovery  # None: a fixed replica set
-        self._retired: list[Replica] = []  # gone from discovery, streams still in flight
+        self.set = ReplicaSet(replicas, poll_interval_s, discovery)
         self.head_sizes = head_sizes  # head -> V_h, to check every returned ID
         self.poll_interval_s = poll_interval_s
         self.pass_seed = pass_seed
         self.prompt_logprobs = prompt_logprobs
         self._waiting: Counter[str] = Counter()  # per head: sent, no token back yet
         self._running: Counter[str] = Counter()  # per head: streaming tokens
-        self._inflight: Counter[str] = Counter()  # per replica
-        self.failovers: Counter[str] = Counter()  # replica -> requests moved away from it
-        self.lost_streams: Counter[str] = Counter()  # replica -> streams cut mid-way
-        self._poller: asyncio.Task[None] | None = None
+
+    @property
+    def replicas(self) -> list[Replica]:
+        return self.set.replicas
 
     async def start(self) -> None:
-        await asyncio.gather(*(r.start() for r in self.replicas))
-        await self._rediscover()
-        self._poller = asyncio.create_task(self._poll_forever(), name="vllm-health")
+        await self.set.start()
 
     async def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            await asyncio.gather(self._poller, return_exceptions=True)
-        await asyncio.gather(*(r.stop() for r in [*self.replicas, *self._retired]),
-                             return_exceptions=True)
-        if self.discovery is not None:
-            await self.discovery.close()
-
-    async def _poll_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_interval_s)
-            await self._rediscover()
-            await asyncio.gather(*(r.poll() for r in self.replicas))
-
-    async def _rediscover(self) -> None:
-        """Match the replicas to what discovery sees. A vanished replica only leaves the
-        routing set: it is stopped once its in-flight requests end, so no stream is cut."""
-        found = self.discovery
-        urls = await found.discover() if found is not None else None
-        if found is not None and urls is not None:
-            for r in [r for r in self.replicas if r.name not in urls]:
-                log.info("vLLM engine %s left discovery; retiring it", r.name)
-                self.replicas.remove(r)
-                self._retired.append(r)
-            known = {r.name for r in self.replicas}
-            for url in sorted(urls - known):
-                back = next((r for r in self._retired if r.name == url), None)
-                if back is not None:
-                    self._retired.remove(back)  # returned before it drained: reuse it
-                else:
-                    back = found.make(url)
-                    await back.start()
-                log.info("vLLM engine %s discovered", url)
-                self.replicas.append(back)
-        drained = [r for r in self._retired if self._inflight[r.name] == 0]
-        for r in drained:
-            self._retired.remove(r)
-            await r.stop()
-
-    def _pick(self, head: str, tried: set[str]) -> Replica | None:
-        live = [r for r in self.replicas if r.up and head in r.heads and r.name not in tried]
-        # Least loaded: the gateway's own in-flight count is current; vLLM's gauges lag a poll.
-        return min(live, key=lambda r: (self._inflight[r.name], r.signals.kv_usage), default=None)
+        await self.set.stop()
 
     def _params(self, req: GenerationRequest, offset: int) -> VllmParams:
         s = req.sampling
@@ -110,12 +64,12 @@ class VllmBackend:
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
         tried: set[str] = set()
         while True:
-            replica = self._pick(req.head, tried)
+            replica = self.set.pick(req.head, tried)
             if replica is None:
                 raise EngineUnavailable(f"no healthy vLLM engine serves head {req.head!r}")
             sent = 0
             self._waiting[req.head] += 1
-            self._inflight[replica.name] += 1
+            self.set.inflight[replica.name] += 1
             try:
                 async for event in self._events(replica, req):
                     if sent == 0:
@@ -127,15 +81,15 @@ class VllmBackend:
             except ReplicaFailed as e:
                 replica.up = False  # until its next successful poll
                 if sent:
-                    self.lost_streams[replica.name] += 1
+                    self.set.lost_streams[replica.name] += 1
                     raise EngineLost(f"vLLM engine {replica.name} failed mid-stream after "
                                      f"{sent} tokens: {e}") from e
                 log.warning("vLLM engine %s failed (%s); failing over", replica.name, e)
-                self.failovers[replica.name] += 1
+                self.set.failovers[replica.name] += 1
                 tried.add(replica.name)
             finally:
                 (self._running if sent else self._waiting)[req.head] -= 1
-                self._inflight[replica.name] -= 1
+                self.set.inflight[replica.name] -= 1
 
     async def _events(self, replica: Replica, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
         offset, size = replica.offsets[req.head], self.head_sizes[req.head]
@@ -189,23 +143,16 @@ class VllmBackend:
     def head_load(self) -> dict[str, HeadLoad]:
         return {h: HeadLoad(self._running[h], self._waiting[h]) for h in self.head_sizes}
 
-    def _live_signals(self) -> list[EngineSignals]:
-        return [r.signals for r in self.replicas if r.up]
-
     def kv_blocks(self) -> tuple[int, int]:
-        live = self._live_signals()
+        live = self.set.live_signals()
         return sum(s.blocks_used for s in live), sum(s.num_blocks for s in live)
 
     def kv_block_size(self) -> int | None:
-        sizes = {s.block_size for s in self._live_signals() if s.block_size}
+        sizes = {s.block_size for s in self.set.live_signals() if s.block_size}
         return min(sizes) if sizes else None
 
     def replica_stats(self) -> list[ReplicaStats]:
-        return [
-            ReplicaStats(r.name, r.up, r.signals.running, r.signals.waiting, r.signals.kv_usage,
-                         self.failovers[r.name], self.lost_streams[r.name])
-            for r in self.replicas
-        ]
+        return self.set.stats()
 
 
 def _finish(reason: str | None) -> str | None:
