@@ -88,6 +88,10 @@ class HeadSpec:
     training_bytes: int  # bytes of text the head was trained on; the denominator of λ
     bytes_per_token: float | None = None  # measured on held-out text; None until measured
     bpb: float | None = None  # bits per byte on held-out text; None until measured
+    # Whether the head's training cost is paid. Heads trimmed from a trained head are: they
+    # reuse its rows and the backbone's one training run. A head still to be trained or
+    # adapted is not, and the lifecycle policy then charges its C_train against λ.
+    training_sunk: bool = True
 
     def validate(self, where: str) -> None:
         if not self.name or ":" in self.name:
@@ -235,6 +239,10 @@ def _check_type(value: Any, annotation: str, where: str) -> Any:
         if not isinstance(value, list) or not all(_is(v, item) for v in value):
             raise CheckpointError(f"{where}: expected a list of {label}")
         return tuple(value)
+    if base == "bool":
+        if not isinstance(value, bool):
+            raise CheckpointError(f"{where}: expected true or false, got {type(value).__name__}")
+        return value
     kinds = _SCALARS.get(base)
     if kinds is not None and not _is(value, kinds):
         raise CheckpointError(f"{where}: expected {base}, got {type(value).__name__}")

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from heads.errors import TokenizerError
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 # form. We reject them rather than substitute U+FFFD: silently changing the prompt would
 # make the model answer text the client never sent.
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_BYTE_TOKEN = re.compile("<0x[0-9A-Fa-f]{2}>")  # SentencePiece-style byte fallback
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +29,8 @@ class HeadTokenizer:
     source: str = "<memory>"  # file name for error messages
     # A copy that treats special-token text as plain text, for untrusted input.
     _plain: Tokenizer = field(init=False, repr=False, compare=False)
+    # [V] bool: ids of byte-fallback tokens (`<0xXX>`), each spelling one byte of the text.
+    _byte_ids: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # A tokenizer.json may carry truncation or padding; either would change encodings
@@ -44,6 +48,9 @@ class HeadTokenizer:
         plain = Tokenizer.from_str(self.tokenizer.to_str())
         plain.encode_special_tokens = True
         object.__setattr__(self, "_plain", plain)
+        byte_ids = np.zeros(self.vocab_size, dtype=bool)
+        byte_ids[[i for t, i in vocab.items() if _BYTE_TOKEN.fullmatch(t)]] = True
+        object.__setattr__(self, "_byte_ids", byte_ids)
 
     @classmethod
     def from_file(cls, path: Path, vocab_size: int) -> HeadTokenizer:
@@ -72,6 +79,18 @@ class HeadTokenizer:
         """Text we rendered ourselves (a chat template), where special-token text is real."""
         _check_text(text)
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str], specials: bool = False) -> list[list[int]]:
+        """`encode` (or, with `specials`, `encode_with_specials`) of each text. The Rust side
+        runs without the GIL and skips the offsets, so other heads can encode meanwhile."""
+        for text in texts:
+            _check_text(text)
+        tok = self.tokenizer if specials else self._plain
+        return [e.ids for e in tok.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    def fallback_bytes(self, ids: Sequence[int]) -> int:
+        """Bytes of text these ids spell with byte-fallback tokens."""
+        return int(self._byte_ids[np.asarray(ids, dtype=np.int64)].sum()) if ids else 0
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         # tokenizers skips unknown ids silently; an out-of-range id is a bug upstream.

@@ -117,11 +117,16 @@ class Admission:
 
     # --- sizing ---------------------------------------------------------------------------
 
-    def expected_tokens(self, head: str, prompt_tokens: int, max_tokens: int) -> float:
-        return prompt_tokens + self.ratio.expected_tokens(max_tokens, self.profiles[head].bpt)
+    def expected_tokens(self, head: str, prompt_tokens: int, max_tokens: int,
+                        bpt: float | None = None) -> float:
+        """`bpt`: this request's predicted output bytes/token on `head` (router.compression);
+        the head's manifest figure when not given."""
+        return prompt_tokens + self.ratio.expected_tokens(
+            max_tokens, self.profiles[head].bpt if bpt is None else bpt)
 
-    def footprint_blocks(self, head: str, prompt_tokens: int, max_tokens: int, n: int = 1) -> int:
-        per_seq = math.ceil(self.expected_tokens(head, prompt_tokens, max_tokens)
+    def footprint_blocks(self, head: str, prompt_tokens: int, max_tokens: int, n: int = 1,
+                         bpt: float | None = None) -> int:
+        per_seq = math.ceil(self.expected_tokens(head, prompt_tokens, max_tokens, bpt)
                             / self.budget.block_size)
         return n * max(1, per_seq)
 

@@ -22,6 +22,15 @@ Uncalibrated, the estimate is their midpoint; `router.calibration` fits measured
     C_train(V)        = 6·(N + V·d) ÷ F ÷ bytes_per_token         device-s per training byte
     C_lifecycle(V)    = C_train(V) + λ·C_infer(V, B)              device-s per training byte
 
+One request's marginal cost on head h, given the live mix of head groups G that it joins:
+
+    Δ_h        = T(G with h's group one larger) − T(G)            s per decode step
+    C_req(h)   = (prefill_h + n_h · Δ_h) ÷ (n_h · bpt_out_h)      device-s per output byte
+
+A request that opens a group adds that head's whole V·d read to every step; one that joins
+a running group shares it. n_h is max_tokens (the cap the request may use) and bpt_out_h its
+predicted output bytes/token on h (router.compression).
+
 C_train counts 6 FLOP per parameter per training token (forward 2 + backward 4) at the
 device's peak: a floor; a real run at 40–50% MFU costs about twice that, for every V alike.
 """
@@ -93,13 +102,27 @@ class Group:
     ctx_tokens: float  # mean KV context per request, tokens
 
 
+def prompt_tokens(head: HeadProfile, features: RequestFeatures) -> float:
+    """The prompt in this head's tokens: counted when the gateway tokenized it, else
+    estimated from the manifest's bytes/token."""
+    t = features.tokens.get(head.name)
+    return float(t.prompt_tokens) if t is not None else features.prompt_bytes / head.bpt
+
+
 def context_tokens(head: HeadProfile, features: RequestFeatures) -> float:
     """Mean KV context of the request during decode, in this head's tokens.
 
     The prompt shrinks with the head's compression; max_tokens is already in its tokens, and
     on average half of it has been generated.
     """
-    return features.prompt_bytes / head.bpt + features.max_tokens / 2
+    return prompt_tokens(head, features) + features.max_tokens / 2
+
+
+def prefill_s(head: HeadProfile, timer: StepTimer, tokens: float) -> float:
+    """Compute-bound prefill: 2·N FLOP per prompt token plus one unembedding read, at peak."""
+    d = timer.device
+    return 2.0 * head.backbone_params * tokens / d.peak_flops + head.unembed_params * \
+        head.weight_bytes_per_param / d.mem_bw
 
 
 def fused_sampler(batch: int, device: DeviceSpec) -> bool:
@@ -180,3 +203,41 @@ def lifecycle_cost(
         infer=infer_cost_per_byte(head, device, batch, ctx_tokens),
         lam=lam,
     )
+
+
+def join(live: Sequence[Group], head: HeadProfile, ctx_tokens: float) -> tuple[Group, ...]:
+    """The live mix with one more request of `ctx_tokens` context in `head`'s group."""
+    out, joined = [], False
+    for g in live:
+        if g.head.name == head.name:
+            ctx = (g.batch * g.ctx_tokens + ctx_tokens) / (g.batch + 1)
+            out.append(Group(head, g.batch + 1, ctx))
+            joined = True
+        else:
+            out.append(g)
+    if not joined:
+        out.append(Group(head, 1, ctx_tokens))
+    return tuple(out)
+
+
+def marginal_step_s(head: HeadProfile, timer: StepTimer, live: Sequence[Group],
+                    ctx_tokens: float) -> float:
+    """Seconds per decode step that one more request on `head` adds to the live mix."""
+    before = timer.step_time(live) if live else 0.0
+    delta = timer.step_time(join(live, head, ctx_tokens)) - before
+    # A calibrated timer's measured shapes are noisy; a request never costs less than its own
+    # FLOPs at peak (2·(N + V·d) per token, plus attention over its context).
+    d = timer.device
+    floor = 2.0 * (head.backbone_params + head.unembed_params
+                   + ctx_tokens * head.kv_bytes_per_token / head.weight_bytes_per_param) \
+        / d.peak_flops
+    return max(delta, floor)
+
+
+def request_cost_per_byte(head: HeadProfile, timer: StepTimer, live: Sequence[Group],
+                          features: RequestFeatures) -> float:
+    """C_req: device-seconds per output byte this request adds on `head` (see the header)."""
+    n = max(1, features.max_tokens)
+    step = marginal_step_s(head, timer, live, context_tokens(head, features))
+    prefill = prefill_s(head, timer, prompt_tokens(head, features))
+    return (prefill + n * step) / (n * features.output_bpt(head))

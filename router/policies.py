@@ -1,8 +1,18 @@
 """The vocabulary policies. Each maps (request, live state, routable heads) to a Choice.
 
-Live B for a candidate head is the smoothed running batch of the whole engine plus the new
-request: if traffic moves to that head, that is the group it will be serving, so every head
-is compared at the same B (the steady state of a switch), not at its own current group.
+The cost-based policies decide on two levels:
+
+- **The regime** (which head typical traffic should use now): every head is compared at the
+  same live B, the smoothed running batch plus the new request, as if it served the whole
+  batch (the steady state of a switch), with the manifest's bytes/token. Hysteresis, the
+  minimum dwell and the flap cap hold this choice.
+- **The request** (with `features: "request"`, when the gateway tokenized the prompt with
+  every head): its marginal cost per output byte on each head under the live mix of head
+  groups (router.cost.request_cost_per_byte), with its own predicted bytes/token, over the
+  heads the quality bound leaves it. When another head is cheaper than the regime's head by
+  more than the margin *for this request* (Russian on a 32k regime, or a request that would
+  open a group of its own), the request goes there and the regime stays as it is: content
+  is not a regime change, so no dwell or flap cap holds it back and it moves no held head.
 """
 
 from __future__ import annotations
@@ -15,10 +25,12 @@ from dataclasses import dataclass, field
 
 from router.cost import (
     AnalyticTimer,
+    Group,
     StepTimer,
     context_tokens,
     infer_cost_per_byte,
-    lifecycle_cost,
+    request_cost_per_byte,
+    train_cost_per_byte,
 )
 from router.devices import DeviceSpec
 from router.policy_spec import (
@@ -47,6 +59,25 @@ def live_batch(snapshot: StateSnapshot) -> int:
     return round(snapshot.smoothed_batch) + 1
 
 
+LAMBDA_FLOOR = 1e-12  # λ below this is 0: no inference volume to amortize training over
+
+
+def live_groups(snapshot: StateSnapshot, profiles: Sequence[HeadProfile],
+                features: RequestFeatures) -> tuple[Group, ...]:
+    """The head groups a new request joins: each head's smoothed running batch. Their mean
+    context is not tracked, so each group is priced at this request's context on its head."""
+    groups = []
+    for p in profiles:
+        b = round(snapshot.smoothed_running.get(p.name, snapshot.running.get(p.name, 0)))
+        if b >= 1:
+            groups.append(Group(p, b, context_tokens(p, features)))
+    return tuple(groups)
+
+
+def argmin(costs: Mapping[str, float]) -> str:
+    return min(costs, key=costs.__getitem__)  # first head wins exact ties
+
+
 def _table(costs: Mapping[str, float], unit: str) -> str:
     ranked = sorted(costs, key=costs.__getitem__)
     return " < ".join(f"{h} {costs[h]:.3g} {unit}" for h in ranked)
@@ -60,7 +91,8 @@ _HELD = {
 
 
 class CostPolicy:
-    """argmin over heads of the inference cost per served byte, at live B."""
+    """argmin over heads of the inference cost per served byte (regime at live B; request
+    at its marginal cost under the live mix, see the module header)."""
 
     name = "cost"
     unit = "s/B"
@@ -74,6 +106,10 @@ class CostPolicy:
     def objective(self, head: HeadProfile, batch: int, lam: float, ctx: float) -> float:
         return infer_cost_per_byte(head, self.timer, batch, ctx)
 
+    def request_objective(self, head: HeadProfile, features: RequestFeatures,
+                          live: Sequence[Group], lam: float) -> float:
+        return request_cost_per_byte(head, self.timer, live, features)
+
     def lam(self, snapshot: StateSnapshot) -> float:
         return snapshot.effective_lam()
 
@@ -81,24 +117,55 @@ class CostPolicy:
         self, features: RequestFeatures, snapshot: StateSnapshot, profiles: Sequence[HeadProfile]
     ) -> Choice:
         lam, batch = self.lam(snapshot), live_batch(snapshot)
-        costs = {p.name: self.objective(p, batch, lam, context_tokens(p, features))
-                 for p in profiles}
-        best = min(costs, key=costs.__getitem__)  # first head wins exact ties
+        regime = {p.name: self.objective(p, batch, lam, context_tokens(p, features))
+                  for p in profiles}
+        best = argmin(regime)
         margin = self.params.margin
         head, code = self.stability.choose(
-            best, costs, lambda held: costs[best] < costs[held] * (1.0 - margin))
+            best, regime, lambda held: regime[best] < regime[held] * (1.0 - margin))
         where = f"B={batch}, λ={lam:.3g}"
-        table = _table(costs, self.unit)
         if code == "best":
-            return Choice(head, f"{self.name}: {head} cheapest at {where} ({table})", code, costs)
-        why = _HELD[code].format(best=best, held=head, margin=margin,
-                                 dwell=self.params.min_dwell_s,
-                                 cap=self.params.max_switches_per_min)
-        return Choice(head, f"{self.name}: kept {head} at {where}: {why}; {table})", code, costs)
+            said = f"{self.name}: {head} cheapest at {where} ({_table(regime, self.unit)})"
+        else:
+            why = _HELD[code].format(best=best, held=head, margin=margin,
+                                     dwell=self.params.min_dwell_s,
+                                     cap=self.params.max_switches_per_min)
+            said = f"{self.name}: kept {head} at {where}: {why}; {_table(regime, self.unit)})"
+        if self.params.features == "blind" or not features.tokens:
+            return Choice(head, said, code, regime)
+        return self._for_request(features, snapshot, profiles, head, code, said, lam)
+
+    def _for_request(self, features: RequestFeatures, snapshot: StateSnapshot,
+                     profiles: Sequence[HeadProfile], regime_head: str, code: str, said: str,
+                     lam: float) -> Choice:
+        live = live_groups(snapshot, profiles, features)
+        eligible = [p for p in profiles if p.name not in features.excluded] or list(profiles)
+        costs = {p.name: self.request_objective(p, features, live, lam) for p in eligible}
+        mine = argmin(costs)
+        table = _table(costs, self.unit)
+        mix = ", ".join(f"{g.head.name}×{g.batch}" for g in live) or "idle"
+        keep = regime_head in costs and (
+            mine == regime_head or costs[mine] >= costs[regime_head] * (1.0 - self.params.margin))
+        if keep:
+            return Choice(regime_head, f"{said}; this request: {table} (live mix {mix})", code,
+                          costs)
+        if regime_head not in costs:
+            why, new_code = f"{regime_head} is past the quality bound", "quality_bound"
+        else:
+            why, new_code = f"{self.params.margin:.0%} cheaper for this request", "content"
+        return Choice(mine, f"{self.name}: {mine} for this request ({why}; {table}; live mix "
+                            f"{mix}); regime: {said}", new_code, costs)
 
 
 class LifecyclePolicy(CostPolicy):
-    """argmin over heads of C_lifecycle = C_train + λ·C_infer at live B and λ."""
+    """argmin over heads of C_lifecycle ÷ λ = C_infer + C_train ÷ λ: the cost per served byte
+    with the training of each head whose cost is not sunk amortized over the λ it serves.
+
+    For λ > 0 this ranks heads exactly as C_train + λ·C_infer does. A sunk head (trained or
+    derived before it serves) adds no training term, so with every head sunk this is the
+    cost policy. λ is floored at LAMBDA_FLOOR, so at λ = 0 heads still to be paid for rank
+    by C_train (the limit λ → 0) behind every sunk head.
+    """
 
     name = "lifecycle"
     params: LifecycleParams
@@ -107,8 +174,17 @@ class LifecyclePolicy(CostPolicy):
                  clock: Clock = time.monotonic):
         super().__init__(timer, params, clock)
 
+    def _train(self, head: HeadProfile, lam: float) -> float:
+        if head.training_sunk:
+            return 0.0
+        return train_cost_per_byte(head, self.timer) / max(lam, LAMBDA_FLOOR)
+
     def objective(self, head: HeadProfile, batch: int, lam: float, ctx: float) -> float:
-        return lifecycle_cost(head, self.timer, batch, lam, ctx).total
+        return infer_cost_per_byte(head, self.timer, batch, ctx) + self._train(head, lam)
+
+    def request_objective(self, head: HeadProfile, features: RequestFeatures,
+                          live: Sequence[Group], lam: float) -> float:
+        return request_cost_per_byte(head, self.timer, live, features) + self._train(head, lam)
 
     def lam(self, snapshot: StateSnapshot) -> float:
         override = self.params.lambda_override

@@ -6,6 +6,7 @@ Documents are parsed in router.policy_spec; the policies live in router.policies
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,11 +61,14 @@ class Decision:
     code: str = "best"  # bounded reason label, router.stability.REASON_CODES
     inputs: Mapping[str, float] = field(default_factory=dict)  # B, λ, queue at decision time
     at: float = 0.0  # Unix time, s
+    request: Mapping[str, Any] = field(default_factory=dict)  # router.router.request_record
 
     def to_record(self) -> dict[str, Any]:
+        # An unpriceable head (a training cost not yet sunk, at λ = 0) is null in JSON.
+        costs = {h: c if math.isfinite(c) else None for h, c in self.costs.items()}
         return {"at": self.at, "policy": self.policy, "version": self.version,
-                "inputs": dict(self.inputs), "costs": dict(self.costs), "head": self.head,
-                "code": self.code, "reason": self.reason}
+                "inputs": dict(self.inputs), "costs": costs, "head": self.head,
+                "code": self.code, "reason": self.reason, "request": dict(self.request)}
 
 
 class Policy(Protocol):

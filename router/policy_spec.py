@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 DEFAULT_MARGIN = 0.05
 DEFAULT_DWELL_S = 2.0
 DEFAULT_SWITCHES_PER_MIN = 10
+# Most a request's predicted BPB may exceed its best head's (0.5: +50%). See README, "How a
+# head is chosen", for the per-language table this default comes from.
+DEFAULT_MAX_BPB_LOSS = 0.5
+FEATURES = ("request", "blind")  # request-aware routing, or the manifest's averages only
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +35,8 @@ class LifecycleParams:
     min_dwell_s: float = DEFAULT_DWELL_S
     max_switches_per_min: int = DEFAULT_SWITCHES_PER_MIN
     spill: bool = False  # over the KV limit, route to the next-cheapest head instead of 429
+    features: str = "request"  # "blind": judge every request by the manifest's averages
+    max_bpb_loss: float | None = DEFAULT_MAX_BPB_LOSS  # None: no per-request quality bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +45,8 @@ class CostParams:
     min_dwell_s: float = DEFAULT_DWELL_S
     max_switches_per_min: int = DEFAULT_SWITCHES_PER_MIN
     spill: bool = False
+    features: str = "request"  # "blind": judge every request by the manifest's averages
+    max_bpb_loss: float | None = DEFAULT_MAX_BPB_LOSS  # None: no per-request quality bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +64,8 @@ class ThresholdParams:
     min_dwell_s: float = DEFAULT_DWELL_S
     max_switches_per_min: int = DEFAULT_SWITCHES_PER_MIN
     spill: bool = False
+    features: str = "request"  # "blind": judge every request by the manifest's averages
+    max_bpb_loss: float | None = DEFAULT_MAX_BPB_LOSS  # None: no per-request quality bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +82,8 @@ class WeightedParams:
     min_dwell_s: float = 0.0
     max_switches_per_min: int = 0
     spill: bool = False
+    features: str = "request"  # "blind": judge every request by the manifest's averages
+    max_bpb_loss: float | None = DEFAULT_MAX_BPB_LOSS  # None: no per-request quality bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,14 +151,19 @@ def _field(name: str, value: object, heads: Sequence[str], section: str = "param
     where = f"{section}.{name}"
     if name == "margin":
         return _number(value, where, 0.0, 1.0)
-    if name in ("lambda_override", "small", "mid", "large", "max_bpb", "max_rel") and value is None:
+    if name in ("lambda_override", "small", "mid", "large", "max_bpb", "max_rel",
+                "max_bpb_loss") and value is None:
         return None
+    if name == "features":
+        if value not in FEATURES:
+            raise InvalidPolicy(where, f"must be one of {', '.join(FEATURES)}, got {value!r}")
+        return value
     if name == "max_bpb":
         bound = _number(value, where, 0.0)
         if bound == 0:
             raise InvalidPolicy(where, "must be > 0")
         return bound
-    if name == "max_rel":
+    if name in ("max_rel", "max_bpb_loss"):
         return _number(value, where, 0.0)
     if name in ("lambda_override", "lambda_high", "min_dwell_s"):
         return _number(value, where, 0.0)

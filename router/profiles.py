@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +37,17 @@ class HeadProfile:
     bytes_per_token: float | None = None  # measured; None -> estimate_bytes_per_token(V)
     training_bytes: float = 0.0  # bytes of text the head was trained on
     bpb: float | None = None  # measured on held-out text (manifest); the quality guard's base
+    # Whether the head's training cost is already paid. A head derived from a trained one
+    # (trimmed, nested) or trained before serving is sunk: its C_train cannot change which
+    # head is cheaper to serve. Only a head still to be trained or adapted is not.
+    training_sunk: bool = True
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("head name must be non-empty")
-        for field, value in (("vocab_size", self.vocab_size), ("hidden_size", self.hidden_size)):
+        for what, value in (("vocab_size", self.vocab_size), ("hidden_size", self.hidden_size)):
             if value <= 0:
-                raise ValueError(f"{self.name}: {field} must be > 0, got {value}")
+                raise ValueError(f"{self.name}: {what} must be > 0, got {value}")
         if self.backbone_params < 0 or self.kv_bytes_per_token < 0 or self.training_bytes < 0:
             raise ValueError(f"{self.name}: params, KV bytes and training bytes must be >= 0")
         if self.weight_bytes_per_param <= 0:
@@ -65,13 +70,51 @@ class HeadProfile:
 
 
 @dataclass(frozen=True, slots=True)
+class HeadTokens:
+    """The prompt as one head tokenizes it."""
+
+    prompt_tokens: int  # ids the engine prefills, BOS and template tokens included
+    fallback_bytes: int = 0  # prompt bytes this head could only spell as <0xXX> byte tokens
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 0 or self.fallback_bytes < 0:
+            raise ValueError("prompt_tokens and fallback_bytes must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
 class RequestFeatures:
-    """What the router sees of a request before tokenizing it."""
+    """What the router sees of a request: its size and, when the gateway tokenized the prompt
+    with every head before deciding, each head's own token counts and the text's script.
+
+    Without `tokens` (content-blind callers: the simulator, old traces) every head is judged
+    by its manifest bytes/token.
+    """
 
     prompt_bytes: int  # UTF-8 bytes of the prompt
     max_tokens: int  # output cap, in tokens of whichever head serves it
     pinned_head: str | None = None
+    tokens: Mapping[str, HeadTokens] = field(default_factory=dict)  # head -> its tokenization
+    script: str = "unknown"  # dominant Unicode script class of the prompt (heads.scripts)
+    # Filled by the router before the policy runs (router.compression, router.segmentation):
+    predicted_bpt: Mapping[str, float] = field(default_factory=dict)  # head -> output B/token
+    bpb_penalty: Mapping[str, float] = field(default_factory=dict)  # head -> predicted loss
+    excluded: Mapping[str, float] = field(default_factory=dict)  # head -> loss past the bound
 
     def __post_init__(self) -> None:
         if self.prompt_bytes < 0 or self.max_tokens < 0:
             raise ValueError("prompt_bytes and max_tokens must be >= 0")
+
+    def prompt_bpt(self, head: str) -> float | None:
+        """The prompt's own bytes/token on `head`; None when it was not tokenized there."""
+        t = self.tokens.get(head)
+        if t is None or t.prompt_tokens == 0 or self.prompt_bytes == 0:
+            return None
+        return self.prompt_bytes / t.prompt_tokens
+
+    def output_bpt(self, head: HeadProfile) -> float:
+        """Predicted output bytes/token on `head`; its manifest figure when not predicted."""
+        return self.predicted_bpt.get(head.name, head.bpt)
+
+    def fallback_share(self, head: str) -> float:
+        t = self.tokens.get(head)
+        return 0.0 if t is None or self.prompt_bytes == 0 else t.fallback_bytes / self.prompt_bytes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -10,15 +11,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from router.compression import predict_all
 from router.cost import AnalyticTimer, StepTimer
 from router.decisions import DEFAULT_CAPACITY, DecisionLog
 from router.devices import DeviceSpec
 from router.errors import HeadUnavailable, RouterError, UnknownHead, VersionConflict
-from router.policies import live_batch
+from router.policies import Choice, live_batch
 from router.policy import Decision, Policy, PolicySpec, build_policy, inputs_of, parse_policy
 from router.profiles import HeadProfile, RequestFeatures
+from router.segmentation import DEFAULT_FIT, PenaltyFit, excluded_by_bound, penalties
 from router.stability import Clock
-from router.state import LiveState
+from router.state import LiveState, StateSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,7 @@ class Router:
         timer: StepTimer | None = None,  # calibrated step times; default: the analytic model
         clock: Clock = time.monotonic,  # for dwell and switch caps; the simulator's sim time
         decision_log: int = DEFAULT_CAPACITY,
+        quality_fit: PenaltyFit = DEFAULT_FIT,  # per-request BPB penalty model
     ) -> None:
         names = [p.name for p in profiles]
         if not names:
@@ -59,6 +63,7 @@ class Router:
         self.state = state
         self.timer: StepTimer = timer or AnalyticTimer(device)
         self.clock = clock
+        self.quality_fit = quality_fit
         self.decisions = DecisionLog(decision_log)
         self._heads = tuple(names)
         self._lock = threading.Lock()  # serializes writers; readers take self._active as is
@@ -122,6 +127,14 @@ class Router:
     @property
     def active_policy(self) -> Policy:
         return self._active.policy
+
+    @property
+    def request_aware(self) -> bool:
+        """Whether the active policy uses each request's own tokens: the gateway then
+        tokenizes the prompt with every head before deciding."""
+        active = self._active
+        return (active.spec.name != "pinned"
+                and getattr(active.spec.params, "features", "request") == "request")
 
     def _swap(
         self, spec: PolicySpec, actor: str, expected: int | None, rollback: bool = False
@@ -189,7 +202,7 @@ class Router:
         return profiles
 
     def decide(self, features: RequestFeatures) -> Decision:
-        decision = self._decide(features)
+        decision, features = self._decide(features)
         self._recent.append((features, decision))
         self.decisions.append(decision)
         return decision
@@ -203,11 +216,11 @@ class Router:
             raise UnknownHead(head, self._heads)
         moved = Decision(head, decision.policy, decision.version,
                          f"spill: {why}; was {decision.head} ({decision.reason})",
-                         decision.costs, "spill", decision.inputs, time.time())
+                         decision.costs, "spill", decision.inputs, time.time(), decision.request)
         self.decisions.append(moved)
         return moved
 
-    def _decide(self, features: RequestFeatures) -> Decision:
+    def _decide(self, features: RequestFeatures) -> tuple[Decision, RequestFeatures]:
         active = self._active
         if features.pinned_head is not None:
             if features.pinned_head not in self._heads:
@@ -219,11 +232,64 @@ class Router:
             )
             snap = self.state.snapshot()
             return Decision(features.pinned_head, "request_pin", active.version, reason, {},
-                            "request_pin", inputs_of(snap, live_batch(snap)), time.time())
+                            "request_pin", inputs_of(snap, live_batch(snap)), time.time(),
+                            request_record(features)), features
         profiles = self._routable()
         snap = self.state.snapshot()
+        features = self._predict(features, snap, profiles, active.spec)
         c = active.policy.decide(features, snap, profiles)
         if c.head in self._drained:  # a pinned policy whose head an operator drained
             raise HeadUnavailable(f"policy {active.spec.name} routes to drained head {c.head}")
+        if c.head in features.excluded:  # a policy that does not price requests itself
+            c = _within_bound(c, features, profiles)
         return Decision(c.head, active.spec.name, active.version, c.reason, c.costs, c.code,
-                        inputs_of(snap, live_batch(snap)), time.time())
+                        inputs_of(snap, live_batch(snap)), time.time(),
+                        request_record(features)), features
+
+    def _predict(self, features: RequestFeatures, snap: StateSnapshot,
+                 profiles: Sequence[HeadProfile], spec: PolicySpec) -> RequestFeatures:
+        """Each head's predicted output bytes/token and BPB penalty for this request, and the
+        heads its quality bound excludes; content-blind policies see none of it."""
+        if not features.tokens:
+            return features
+        if not self.request_aware:
+            return dataclasses.replace(features, tokens={}, script="unknown")
+        pen = penalties(self.profiles, features, self.quality_fit)
+        bound = getattr(spec.params, "max_bpb_loss", None)
+        routable = {p.name for p in profiles}
+        excluded = excluded_by_bound({h: v for h, v in pen.items() if h in routable}, bound)
+        return dataclasses.replace(
+            features, bpb_penalty=pen, excluded=excluded,
+            predicted_bpt=predict_all(self.profiles, features, snap.output_bytes,
+                                      snap.output_tokens))
+
+
+def _within_bound(c: Choice, features: RequestFeatures,
+                  profiles: Sequence[HeadProfile]) -> Choice:
+    """Move a choice off a head the quality bound excludes: to the cheapest head the policy
+    priced, else to the head with the smallest predicted penalty."""
+    eligible = [p.name for p in profiles if p.name not in features.excluded]
+    if not eligible:
+        return c
+    priced = [h for h in eligible if h in c.costs]
+    head = (min(priced, key=c.costs.__getitem__) if priced
+            else min(eligible, key=lambda h: features.bpb_penalty.get(h, 0.0)))
+    loss = features.excluded[c.head]
+    return Choice(head, f"{c.reason}; quality bound: {c.head} predicted {loss:+.0%} BPB over "
+                        f"the best head, so {head}", "quality_bound", c.costs)
+
+
+def request_record(f: RequestFeatures) -> dict[str, Any]:
+    """What the decision record shows of the request: per head, its prompt tokens, bytes/token,
+    byte-fallback share, predicted output bytes/token and BPB penalty; excluded heads."""
+    heads = {}
+    for h, t in f.tokens.items():
+        bpt = f.prompt_bpt(h)
+        heads[h] = {"prompt_tokens": t.prompt_tokens,
+                    "prompt_bytes_per_token": None if bpt is None else round(bpt, 4),
+                    "fallback_share": round(f.fallback_share(h), 4),
+                    "predicted_bytes_per_token": round(f.predicted_bpt[h], 4)
+                    if h in f.predicted_bpt else None,
+                    "bpb_penalty": round(f.bpb_penalty[h], 4) if h in f.bpb_penalty else None}
+    return {"prompt_bytes": f.prompt_bytes, "max_tokens": f.max_tokens, "script": f.script,
+            "heads": heads, "excluded": dict(f.excluded)}

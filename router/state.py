@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from router.compression import split_key, stat_key
 from router.errors import UnknownHead
 from router.profiles import HeadProfile
 from router.quality import DEFAULT_ALPHA, BpbTracker, HeadQuality
@@ -43,6 +44,10 @@ class StateSnapshot:
     smoothed_running: Mapping[str, float] = field(default_factory=dict)
     lambda_forecast: float | None = None
     quality: Mapping[str, HeadQuality] = field(default_factory=dict)  # live prompt BPB
+    # Finished requests' output, keyed "head/script" (router.compression): the live
+    # bytes/token each head achieves on each script class.
+    output_bytes: Mapping[str, int] = field(default_factory=dict)
+    output_tokens: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def batch(self) -> int:
@@ -89,6 +94,8 @@ class LiveState:
         self._waiting = dict.fromkeys(self._training, 0)
         self._bytes = dict.fromkeys(self._training, 0)
         self._tokens = dict.fromkeys(self._training, 0)
+        self._out_bytes: dict[str, int] = {}
+        self._out_tokens: dict[str, int] = {}
         self.quality = BpbTracker(self._training, bpb_alpha)
 
     @classmethod
@@ -144,6 +151,30 @@ class LiveState:
             self._bytes[head] += n_bytes
             self._tokens[head] += n_tokens
 
+    def add_output(self, head: str, script: str, n_bytes: int, n_tokens: int) -> None:
+        """One finished request's generated text: its bytes and tokens on `head`."""
+        if n_bytes < 0 or n_tokens < 0:
+            raise ValueError("output bytes and tokens must be >= 0")
+        self._check(head)
+        key = stat_key(head, script)
+        with self._lock:
+            self._out_bytes[key] = self._out_bytes.get(key, 0) + n_bytes
+            self._out_tokens[key] = self._out_tokens.get(key, 0) + n_tokens
+
+    def restore_output(self, out_bytes: Mapping[str, int], out_tokens: Mapping[str, int],
+                       old_bytes: Mapping[str, int] | None = None,
+                       old_tokens: Mapping[str, int] | None = None) -> None:
+        """Replace the `old` part of each output counter by the store's, keeping increments
+        made since (no `old`: at startup). Keys of heads this model does not serve are kept
+        out, as for λ's counters."""
+        with self._lock:
+            for mine, new, old in ((self._out_bytes, out_bytes, old_bytes or {}),
+                                   (self._out_tokens, out_tokens, old_tokens or {})):
+                for key in {*new, *old}:
+                    if split_key(key)[0] in self._training:
+                        mine[key] = mine.get(key, 0) + int(new.get(key, 0)) - int(
+                            old.get(key, 0))
+
     def restore_served(
         self, served_bytes: Mapping[str, int], served_tokens: Mapping[str, int] | None = None
     ) -> None:
@@ -182,4 +213,6 @@ class LiveState:
                 smoothed_running=MappingProxyType(dict(self._smoothed)),
                 lambda_forecast=self._forecast,
                 quality=self.quality.snapshot(),
+                output_bytes=MappingProxyType(dict(self._out_bytes)),
+                output_tokens=MappingProxyType(dict(self._out_tokens)),
             )

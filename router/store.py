@@ -15,6 +15,7 @@ the store's totals, keeping any increments that arrived meanwhile.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -38,6 +39,29 @@ class Counters:
     served_bytes: Mapping[str, int] = field(default_factory=dict)
     served_tokens: Mapping[str, int] = field(default_factory=dict)
     lambda_forecast: float | None = None
+    # Finished requests' output per "head/script" (router.compression), summed like λ's.
+    output_bytes: Mapping[str, int] = field(default_factory=dict)
+    output_tokens: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Increments:
+    """What one flush adds to a store: every counter's delta since the last flush."""
+
+    served_bytes: Mapping[str, int] = field(default_factory=dict)
+    served_tokens: Mapping[str, int] = field(default_factory=dict)
+    output_bytes: Mapping[str, int] = field(default_factory=dict)
+    output_tokens: Mapping[str, int] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return any(any(m.values()) for m in (self.served_bytes, self.served_tokens,
+                                             self.output_bytes, self.output_tokens))
+
+    def added_to(self, c: Counters) -> Counters:
+        return Counters(_plus(c.served_bytes, self.served_bytes),
+                        _plus(c.served_tokens, self.served_tokens), c.lambda_forecast,
+                        _plus(c.output_bytes, self.output_bytes),
+                        _plus(c.output_tokens, self.output_tokens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +84,7 @@ class PolicyRecord:
 class Store(Protocol):
     def load(self) -> Counters: ...
 
-    def add(self, served_bytes: Mapping[str, int], served_tokens: Mapping[str, int]) -> None:
+    def add(self, inc: Increments) -> None:
         """Increment the persisted counters atomically."""
         ...
 
@@ -77,6 +101,11 @@ def _plus(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
     return {k: int(a.get(k, 0)) + int(b.get(k, 0)) for k in {*a, *b}}
 
 
+def _minus(now: Mapping[str, int], base: Mapping[str, int]) -> dict[str, int]:
+    """The non-zero increments of `now` over `base`."""
+    return {k: d for k, v in now.items() if (d := int(v) - int(base.get(k, 0)))}
+
+
 class MemoryStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -86,15 +115,13 @@ class MemoryStore:
     def load(self) -> Counters:
         return self._c
 
-    def add(self, served_bytes: Mapping[str, int], served_tokens: Mapping[str, int]) -> None:
+    def add(self, inc: Increments) -> None:
         with self._lock:
-            c = self._c
-            self._c = Counters(_plus(c.served_bytes, served_bytes),
-                               _plus(c.served_tokens, served_tokens), c.lambda_forecast)
+            self._c = inc.added_to(self._c)
 
     def set_forecast(self, lam: float | None) -> None:
         with self._lock:
-            self._c = Counters(self._c.served_bytes, self._c.served_tokens, lam)
+            self._c = dataclasses.replace(self._c, lambda_forecast=lam)
 
     def load_policy(self) -> PolicyRecord | None:
         return self._policy
@@ -126,14 +153,20 @@ class FileStore:
             log.error("λ store %s unreadable (%s); starting from zero", self.path, e)
             return Counters()
         forecast = doc.get("lambda_forecast")
-        return Counters({k: int(v) for k, v in doc.get("served_bytes", {}).items()},
-                        {k: int(v) for k, v in doc.get("served_tokens", {}).items()},
-                        None if forecast is None else float(forecast))
+
+        def ints(key: str) -> dict[str, int]:
+            return {k: int(v) for k, v in doc.get(key, {}).items()}
+
+        return Counters(ints("served_bytes"), ints("served_tokens"),
+                        None if forecast is None else float(forecast),
+                        ints("output_bytes"), ints("output_tokens"))
 
     def _write(self, c: Counters) -> None:
         _write_atomic(self.path, {"served_bytes": dict(c.served_bytes),
                                   "served_tokens": dict(c.served_tokens),
-                                  "lambda_forecast": c.lambda_forecast})
+                                  "lambda_forecast": c.lambda_forecast,
+                                  "output_bytes": dict(c.output_bytes),
+                                  "output_tokens": dict(c.output_tokens)})
 
     def load_policy(self) -> PolicyRecord | None:
         try:
@@ -152,16 +185,13 @@ class FileStore:
                 return False
             _write_atomic(self.policy_path, rec.to_json())
             return True
-    def add(self, served_bytes: Mapping[str, int], served_tokens: Mapping[str, int]) -> None:
+    def add(self, inc: Increments) -> None:
         with self._lock:
-            c = self.load()
-            self._write(Counters(_plus(c.served_bytes, served_bytes),
-                                 _plus(c.served_tokens, served_tokens), c.lambda_forecast))
+            self._write(inc.added_to(self.load()))
 
     def set_forecast(self, lam: float | None) -> None:
         with self._lock:
-            c = self.load()
-            self._write(Counters(c.served_bytes, c.served_tokens, lam))
+            self._write(dataclasses.replace(self.load(), lambda_forecast=lam))
 
 
 def _write_atomic(path: Path, doc: Mapping[str, Any]) -> None:
@@ -193,6 +223,7 @@ class StateSync:
         with self._lock:
             c = self.store.load()
             self.state.restore_served(c.served_bytes, c.served_tokens)
+            self.state.restore_output(c.output_bytes, c.output_tokens)
             self.state.set_lambda_forecast(c.lambda_forecast)
             self._base = c
         log.info("restored λ counters: %d served bytes, forecast %s",
@@ -205,24 +236,27 @@ class StateSync:
         with self._lock:
             snap = self.state.snapshot()
             base = self._base
-            d_bytes = {h: v - base.served_bytes.get(h, 0) for h, v in snap.served_bytes.items()}
-            d_tokens = {h: v - base.served_tokens.get(h, 0)
-                        for h, v in snap.served_tokens.items()}
-            if any(d_bytes.values()) or any(d_tokens.values()):
-                self.store.add({h: v for h, v in d_bytes.items() if v},
-                               {h: v for h, v in d_tokens.items() if v})
+            inc = Increments(_minus(snap.served_bytes, base.served_bytes),
+                             _minus(snap.served_tokens, base.served_tokens),
+                             _minus(snap.output_bytes, base.output_bytes),
+                             _minus(snap.output_tokens, base.output_tokens))
+            if inc:
+                self.store.add(inc)
                 # Pushed: a failing load below must not push the same delta twice.
                 self._base = Counters(snap.served_bytes, snap.served_tokens,
-                                      base.lambda_forecast)
+                                      base.lambda_forecast, snap.output_bytes,
+                                      snap.output_tokens)
             fresh = self.store.load()
             # Local value = store total + what arrived after the snapshot.
             self.state.rebase_served(snap.served_bytes, snap.served_tokens,
                                      fresh.served_bytes, fresh.served_tokens)
+            self.state.restore_output(fresh.output_bytes, fresh.output_tokens,
+                                      snap.output_bytes, snap.output_tokens)
             self.state.set_lambda_forecast(fresh.lambda_forecast)
             self._base = Counters(
                 {h: fresh.served_bytes.get(h, 0) for h in snap.served_bytes},
                 {h: fresh.served_tokens.get(h, 0) for h in snap.served_tokens},
-                fresh.lambda_forecast)
+                fresh.lambda_forecast, dict(fresh.output_bytes), dict(fresh.output_tokens))
 
     def set_forecast(self, lam: float | None) -> None:
         self.state.set_lambda_forecast(lam)

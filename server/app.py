@@ -88,6 +88,7 @@ def create_app(settings: Settings, *, span_exporter: Any | None = None) -> FastA
             lifecycle.phase = Phase.DRAINING
             await app.state.ops.aclose()
             await backend.stop()
+            app.state.service.close()
             app.state.tracing.shutdown()  # flushes the batched spans
 
     app = FastAPI(title="polyhead", version="0.1.0", lifespan=lifespan)

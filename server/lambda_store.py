@@ -1,8 +1,9 @@
 """Where λ's counters persist: a Redis store when `redis_url` is set, else a local file.
 
 Redis layout (shared by every replica): hashes `<prefix>served_bytes` and
-`<prefix>served_tokens` (head -> count, HINCRBY in one MULTI/EXEC) and the string
-`<prefix>lambda_forecast` (absent: none).
+`<prefix>served_tokens` (head -> count), `<prefix>output_bytes` and `<prefix>output_tokens`
+("head/script" -> count, the live output compression), all HINCRBY in one MULTI/EXEC, and
+the string `<prefix>lambda_forecast` (absent: none).
 
 The routing policy: hash `polyhead:policy` {version, record (JSON)}, replaced by a Lua
 compare-and-set only when the new version is higher, which then PUBLISHes the version on
@@ -13,16 +14,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 
 import redis
 
-from router.store import Counters, FileStore, PolicyRecord, Store
+from router.store import Counters, FileStore, Increments, PolicyRecord, Store
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
 
+
+_HASHES = ("served_bytes", "served_tokens", "output_bytes", "output_tokens")
 
 # KEYS: policy hash, channel; ARGV: version, record JSON. 1 if stored, 0 if not newer.
 _SAVE_POLICY = """
@@ -49,20 +51,21 @@ class RedisStore:
     def load(self) -> Counters:
         p = self.prefix
         with self.client.pipeline(transaction=True) as pipe:
-            pipe.hgetall(p + "served_bytes")
-            pipe.hgetall(p + "served_tokens")
+            for key in _HASHES:
+                pipe.hgetall(p + key)
             pipe.get(p + "lambda_forecast")
-            served, tokens, forecast = pipe.execute()
-        return Counters({k: int(v) for k, v in served.items()},
-                        {k: int(v) for k, v in tokens.items()},
-                        None if forecast is None else float(forecast))
+            *hashes, forecast = pipe.execute()
+        served, tokens, out_bytes, out_tokens = ({k: int(v) for k, v in h.items()}
+                                                 for h in hashes)
+        return Counters(served, tokens, None if forecast is None else float(forecast),
+                        out_bytes, out_tokens)
 
-    def add(self, served_bytes: Mapping[str, int], served_tokens: Mapping[str, int]) -> None:
+    def add(self, inc: Increments) -> None:
         with self.client.pipeline(transaction=True) as pipe:
-            for h, v in served_bytes.items():
-                pipe.hincrby(self.prefix + "served_bytes", h, v)
-            for h, v in served_tokens.items():
-                pipe.hincrby(self.prefix + "served_tokens", h, v)
+            for key, values in zip(_HASHES, (inc.served_bytes, inc.served_tokens,
+                                             inc.output_bytes, inc.output_tokens), strict=True):
+                for field, v in values.items():
+                    pipe.hincrby(self.prefix + key, field, v)
             pipe.execute()
 
     def set_forecast(self, lam: float | None) -> None:

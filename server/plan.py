@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from heads.engine.llm_engine import GenerationRequest
+from heads.prompt_encoder import EncodedPrompt
 from router.policy import Decision
 
 
@@ -29,8 +30,13 @@ class Plan:
     want_logprobs: bool
     include_usage: bool
     started_at: float  # perf_counter at arrival, for TTFT and e2e
-    texts: tuple[str, ...] = ()  # the rendered prompts, to re-tokenize on a KV spill
+    encoded: EncodedPrompt  # the rendered prompts and their ids on every head tokenized
     chat: bool = False
+
+    def predicted_bpt(self, head: str) -> float | None:
+        """The router's predicted output bytes/token on `head` for this request, if any."""
+        value = self.decision.request.get("heads", {}).get(head, {})
+        return value.get("predicted_bytes_per_token")
 
     @property
     def head(self) -> str:

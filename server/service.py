@@ -16,11 +16,13 @@ from dataclasses import dataclass
 
 from heads.engine.llm_engine import GenerationRequest
 from heads.manifest import Manifest
+from heads.prompt_encoder import EncodedPrompt, PromptEncoder
 from heads.tokenizer import HeadTokenizer
 from kernels.sampling_params import RowParams
 from router.admission import Ticket
 from router.calibration import CalibratedTimer, StepSample
-from router.profiles import RequestFeatures
+from router.policy import Decision
+from router.profiles import HeadTokens, RequestFeatures
 from router.router import Router
 from router.state import LiveState
 from server.admission_gate import AdmissionGate
@@ -76,6 +78,10 @@ class GatewayService:
         self.tracing: NoTracing = NO_TRACING  # server.tracing sets it when enabled
         self.prompt_bpb = PromptBpbConfig()  # the app sets it from settings
         self._bpb_rng = random.Random()  # picks the scored share of requests ("sampled")
+        self.encoder = PromptEncoder(tokenizers, {h.name: h.bos_token_id for h in manifest.heads})
+
+    def close(self) -> None:
+        self.encoder.close()
 
     # --- planning -------------------------------------------------------------------------
 
@@ -134,14 +140,12 @@ class GatewayService:
         if len(stops) > self.limits.max_stop_sequences:
             raise BadRequest(f"at most {self.limits.max_stop_sequences} stop sequences",
                              param="stop")
-        prompt_bytes = sum(len(t.encode()) for t in texts)
         self.refresh_load()
-        with self.tracing.span("route"):
-            decision = self.router.decide(RequestFeatures(prompt_bytes, max_tokens, pinned))
+        encoded, decision = self._route(texts, chat, max_tokens, pinned)
         self.tracing.annotate(head=decision.head, policy=decision.policy,
                               decision=decision.code)
         if self.admission is not None:
-            self.admission.admission.observe_request(prompt_bytes, max_tokens)
+            self.admission.admission.observe_request(encoded.prompt_bytes, max_tokens)
         request_id = ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12)
         base_seed = body.seed if body.seed is not None else secrets.randbits(62)
         score, positions = self.prompt_bpb.request(body.prompt_bpb, self._bpb_rng)
@@ -149,22 +153,39 @@ class GatewayService:
                                      RowParams(body.temperature, body.top_p, body.top_k,
                                                base_seed), frozenset(), logprobs,
                                      score, positions)
-        prompts, jobs = self._jobs(decision.head, texts, chat, template, body.n, stops)
+        jobs = self._jobs(decision.head, encoded, template, body.n, stops)
         self.metrics.decisions.labels(decision.head, decision.policy, decision.code).inc()
         log.debug("request %s -> head %s: %s", request_id, decision.head, decision.reason)
         return Plan(request_id, kind, route, int(time.time()), body.model, decision,
-                    sum(len(p) for p in prompts), prompt_bytes, tuple(jobs), logprobs,
-                    bool(body.stream_options and body.stream_options.include_usage), started,
-                    tuple(texts), chat)
+                    encoded.heads[decision.head].tokens, encoded.prompt_bytes, tuple(jobs),
+                    logprobs, bool(body.stream_options and body.stream_options.include_usage),
+                    started, encoded, chat)
 
-    def _jobs(self, head: str, texts: list[str] | tuple[str, ...], chat: bool,
-              template: GenerationRequest, n: int, stops: list[str] | tuple[str, ...],
-              ) -> tuple[list[list[int]], list[ChoiceJob]]:
-        """Tokenize with `head` and build one job per choice; `template` carries the request
-        id, max_tokens and sampling (its seed is the base seed)."""
-        tok, spec = self.tokenizers[head], self.manifest.head(head)
+    def _route(self, texts: list[str], chat: bool, max_tokens: int,
+               pinned: str | None) -> tuple[EncodedPrompt, Decision]:
+        """Tokenize, then decide; a request-aware policy sees every head's tokens first, a
+        pinned request or a content-blind policy only needs the chosen head's."""
+        if pinned is None and self.router.request_aware:
+            with self.tracing.span("tokenize"):
+                encoded = self.encoder.encode(texts, chat)
+            tokens = {h: HeadTokens(p.tokens, p.fallback_bytes) for h, p in encoded.heads.items()}
+            features = RequestFeatures(encoded.prompt_bytes, max_tokens, None, tokens,
+                                       encoded.script)
+            with self.tracing.span("route"):
+                return encoded, self.router.decide(features)
+        with self.tracing.span("route"):
+            decision = self.router.decide(RequestFeatures(
+                sum(len(t.encode()) for t in texts), max_tokens, pinned))
+        with self.tracing.span("tokenize"):
+            return self.encoder.encode(texts, chat, [decision.head]), decision
+
+    def _jobs(self, head: str, encoded: EncodedPrompt, template: GenerationRequest, n: int,
+              stops: list[str] | tuple[str, ...]) -> list[ChoiceJob]:
+        """One job per choice from `head`'s ids; `template` carries the request id,
+        max_tokens and sampling (its seed is the base seed)."""
+        spec = self.manifest.head(head)
         max_tokens = template.max_tokens
-        prompts = [self._encode(tok, t, chat, spec.bos_token_id) for t in texts]
+        prompts = encoded.heads[head].ids
         for ids in prompts:
             if len(ids) > self.limits.max_prompt_tokens:
                 raise BadRequest(f"prompt is {len(ids)} tokens; the limit is "
@@ -180,20 +201,24 @@ class GatewayService:
                 index = p * n + i
                 sampling = RowParams(s.temperature, s.top_p, s.top_k, (s.seed + index) % 2**63)
                 # One choice per prompt carries the prompt's score: the others repeat it.
-                req = GenerationRequest(f"{template.request_id}-{index}", head, tuple(ids),
+                req = GenerationRequest(f"{template.request_id}-{index}", head, ids,
                                         max_tokens, sampling, frozenset(spec.eos_token_ids),
                                         template.want_logprobs, template.score_prompt and i == 0,
                                         template.score_positions)
                 jobs.append(ChoiceJob(index, req, tuple(stops)))
-        return prompts, jobs
+        return jobs
 
     # --- KV admission -----------------------------------------------------------------------
 
-    def _footprint(self, plan: Plan) -> int:
+    def _footprint(self, plan: Plan, head: str | None = None) -> int:
+        """KV blocks the plan's choices are expected to hold on `head` (default: its own),
+        counted in that head's tokens of the prompt and its predicted output bytes/token."""
         assert self.admission is not None
-        a = self.admission.admission
-        return sum(a.footprint_blocks(plan.head, len(j.request.prompt_ids),
-                                      j.request.max_tokens) for j in plan.jobs)
+        a, head = self.admission.admission, head or plan.head
+        bpt = plan.predicted_bpt(head)
+        n = len(plan.jobs) // max(1, len(plan.encoded.texts))  # choices per prompt
+        return sum(a.footprint_blocks(head, len(ids), plan.jobs[0].request.max_tokens, n, bpt)
+                   for ids in plan.encoded.heads[head].ids)
 
     def _used_blocks(self) -> int:
         return self.backend.kv_blocks()[0]
@@ -215,29 +240,26 @@ class GatewayService:
 
     def _spill(self, plan: Plan, gate: AdmissionGate) -> tuple[Plan, Ticket | None]:
         costs = plan.decision.costs
-        others = sorted((h for h in self.router.routable() if h != plan.head),
-                        key=lambda h: costs.get(h, float("inf")))
+        excluded = plan.decision.request.get("excluded", {})
+        others = sorted((h for h in self.router.routable() if h != plan.head
+                         and h not in excluded), key=lambda h: costs.get(h, float("inf")))
         first = plan.jobs[0].request
+        n = len(plan.jobs) // max(1, len(plan.encoded.texts))
         for head in others:
+            encoded = plan.encoded
+            if head not in encoded.heads:  # decided on one head's tokens only
+                encoded = self.encoder.encode(encoded.texts, plan.chat, [head])
             template = dataclasses.replace(first, request_id=plan.request_id)
-            n = len(plan.jobs) // max(1, len(plan.texts))
-            prompts, jobs = self._jobs(head, plan.texts, plan.chat, template, n,
-                                       plan.jobs[0].stops)
-            moved = dataclasses.replace(plan, jobs=tuple(jobs),
-                                        prompt_tokens=sum(len(p) for p in prompts))
-            ticket = gate.try_now(head, self._footprint_on(moved, head), self._used_blocks())
+            jobs = self._jobs(head, encoded, template, n, plan.jobs[0].stops)
+            moved = dataclasses.replace(plan, jobs=tuple(jobs), encoded=encoded,
+                                        prompt_tokens=encoded.heads[head].tokens)
+            ticket = gate.try_now(head, self._footprint(moved, head), self._used_blocks())
             if ticket is not None:
                 decision = self.router.spill(plan.decision, head,
                                              f"{plan.head} is at its KV limit")
                 self.metrics.decisions.labels(head, decision.policy, decision.code).inc()
                 return dataclasses.replace(moved, decision=decision), ticket
         return plan, None
-
-    def _footprint_on(self, plan: Plan, head: str) -> int:
-        assert self.admission is not None
-        a = self.admission.admission
-        return sum(a.footprint_blocks(head, len(j.request.prompt_ids), j.request.max_tokens)
-                   for j in plan.jobs)
 
     def _release(self, plan: Plan, outcomes: list[Outcome], status: str) -> None:
         ticket = self._tickets.pop(plan.request_id, None)
@@ -246,8 +268,10 @@ class GatewayService:
         self.admission.release(ticket)
         if status == "200":  # aborted requests would bias the learned output ratio low
             ratio = self.admission.admission.ratio
-            bpt = self.router.profiles[self.router.heads.index(plan.head)].bpt
             for job, o in zip(plan.jobs, outcomes, strict=True):
+                # Bytes per max_token: what the output used of its cap, in text.
+                bpt = (o.text_bytes / o.completion_tokens if o.completion_tokens
+                       else plan.predicted_bpt(plan.head) or 1.0)
                 ratio.observe(o.completion_tokens, job.request.max_tokens, bpt)
 
     def _reject_unsupported(self, body: SamplingFields) -> None:
@@ -266,15 +290,6 @@ class GatewayService:
         tok = self.tokenizers[spec.name]
         bos = tok.id_to_token(spec.bos_token_id) if spec.bos_token_id is not None else ""
         return bos or "", tok.id_to_token(spec.eos_token_ids[0]) or ""
-
-    @staticmethod
-    def _encode(tok: HeadTokenizer, text: str, chat: bool, bos: int | None) -> list[int]:
-        # Chat prompts are rendered by the model's template, so special tokens in them are
-        # real; in a raw completion prompt they are plain text (no prompt injection).
-        ids = tok.encode_with_specials(text) if chat else tok.encode(text)
-        if bos is not None and (not ids or ids[0] != bos):
-            ids = [bos, *ids]  # Gemma and friends produce garbage without BOS
-        return ids
 
     # --- running --------------------------------------------------------------------------
 
@@ -353,12 +368,14 @@ class GatewayService:
         m.e2e.labels(head).observe(time.perf_counter() - plan.started_at)
         # λ counts the text served; prompt and output bytes both pass through the head.
         self.state.add_served(head, plan.prompt_bytes + gen_bytes, plan.prompt_tokens + gen_tokens)
+        if status == "200" and gen_tokens:  # what the head really packs for this script
+            self.state.add_output(head, plan.encoded.script, gen_bytes, gen_tokens)
         self._account_prompt_bpb(plan, outcomes)
 
     def _account_prompt_bpb(self, plan: Plan, outcomes: list[Outcome]) -> None:
-        n = len(plan.jobs) // max(1, len(plan.texts))  # choices per prompt
+        n = len(plan.jobs) // max(1, len(plan.encoded.texts))  # choices per prompt
         for job, o in zip(plan.jobs, outcomes, strict=True):
             if o.prompt_score is not None:
-                text_bytes = len(plan.texts[job.index // n].encode())
+                text_bytes = len(plan.encoded.texts[job.index // n].encode())
                 record(self.metrics.quality, self.state, self.manifest, self.prompt_bpb,
                        plan.head, o.prompt_score, text_bytes)

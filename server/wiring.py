@@ -34,6 +34,7 @@ def head_profiles(manifest: Manifest, dtype: str | None = None) -> list[HeadProf
             bytes_per_token=h.bytes_per_token,
             training_bytes=h.training_bytes,
             bpb=h.bpb,
+            training_sunk=h.training_sunk,
         )
         for h in manifest.heads
     ]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.admission import Admission, KVBudget, OutputRatio
-from router.cost import Group, StepTimer
+from router.cost import Group, StepTimer, prefill_s
 from router.profiles import HeadProfile, RequestFeatures
 from router.router import Router
 from router.simulate.traces import SimRequest
@@ -64,13 +64,6 @@ class SimResult:
     def share(self) -> dict[str, float]:
         total = sum(self.requests.values()) or 1
         return {h: n / total for h, n in self.requests.items()}
-
-
-def prefill_s(head: HeadProfile, timer: StepTimer, tokens: int) -> float:
-    # Compute-bound: 2·N FLOP per prompt token plus one unembedding row block, at peak.
-    d = timer.device
-    return 2.0 * head.backbone_params * tokens / d.peak_flops + head.unembed_params * \
-        head.weight_bytes_per_param / d.mem_bw
 
 
 class SimEngine:

@@ -8,10 +8,12 @@ N, D, KV = 1_000_000_000, 2048, 65536
 
 
 def heads(
-    train: float = 1e12, bpt: tuple[float, float, float] = (3.9, 4.4, 4.6)
+    train: float = 1e12, bpt: tuple[float, float, float] = (3.9, 4.4, 4.6), sunk: bool = True
 ) -> list[HeadProfile]:
+    """`sunk=False`: heads still to be trained, whose C_train the lifecycle policy counts."""
     sizes = (("32k", 32768), ("131k", 131072), ("262k", 262144))
     return [
-        HeadProfile(name, v, D, N, KV, bytes_per_token=b, training_bytes=train)
+        HeadProfile(name, v, D, N, KV, bytes_per_token=b, training_bytes=train,
+                    training_sunk=sunk)
         for (name, v), b in zip(sizes, bpt, strict=True)
     ]

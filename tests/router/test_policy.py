@@ -67,7 +67,7 @@ def test_pinned_policy() -> None:
 
 
 def test_lifecycle_uses_live_batch_and_lambda() -> None:
-    profiles = heads()
+    profiles = heads(sunk=False)  # the paper's setting: every head's training still to pay
     state = LiveState.for_profiles(profiles)
     policy = LifecyclePolicy(DEVICES["h100-sxm"], LifecycleParams(margin=0.0, min_dwell_s=0))
     c = policy.decide(FEATS, state.snapshot(), profiles)
@@ -94,7 +94,7 @@ def _settled(margin: float, lam_now: float, **kw: float) -> tuple[LifecyclePolic
     return policy, t
 
 
-_TWO = [heads()[0], heads()[2]]  # 32k and 262k
+_TWO = [heads(sunk=False)[0], heads(sunk=False)[2]]  # 32k and 262k, training not yet sunk
 _state = LiveState.for_profiles(_TWO)
 _state.set_load("32k", 255, 0)
 _SNAP = _state.snapshot()
@@ -138,3 +138,20 @@ def test_minimum_dwell_and_switch_cap() -> None:
     t[0] = 61.0  # the first switch (t=0) left the 60 s window
     assert policy.decide(FEATS, _SNAP, _TWO).head == "262k"
     assert policy.stability.switches == 3
+
+
+def test_sunk_training_costs_do_not_route() -> None:
+    """Existing heads: λ ≈ 0 must not mean "the smallest head whatever B" (sunk costs)."""
+    state = LiveState.for_profiles(heads())
+    state.set_load("32k", 255, 0)
+    policy = LifecyclePolicy(DEVICES["h100-sxm"], LifecycleParams(0.0, lambda_override=0.0))
+    c = policy.decide(FEATS, state.snapshot(), heads())
+    assert c.head == "262k"  # B=256 on an H100: the big head's compression wins
+    cost = parse_policy({"name": "cost"}, HEADS)
+    from router.policy import build_policy
+    same = build_policy(cost, DEVICES["h100-sxm"]).decide(FEATS, state.snapshot(), heads())
+    assert same.head == c.head and same.costs == pytest.approx(c.costs)
+    # A head not yet paid for ranks behind every sunk one at λ = 0.
+    mixed = [heads()[0], heads(sunk=False)[2]]
+    fresh = LifecyclePolicy(DEVICES["h100-sxm"], LifecycleParams(0.0, lambda_override=0.0))
+    assert fresh.decide(FEATS, state.snapshot(), mixed).head == "32k"

@@ -15,7 +15,7 @@ FEATS = RequestFeatures(prompt_bytes=2000, max_tokens=128)
 
 
 def _router(doc: dict | None = None) -> Router:
-    profiles = heads()
+    profiles = heads(sunk=False)  # λ = 0: lifecycle ranks by C_train, a clear 32k
     return Router(profiles, DEVICES["h100-sxm"], LiveState.for_profiles(profiles),
                   doc or {"name": "lifecycle"})
 

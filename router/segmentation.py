@@ -1,0 +1,84 @@
+"""Per-request quality: each head's predicted BPB penalty from how its segmentation departs
+from the largest (native) head's, and the bound that keeps a request off heads too far behind.
+
+The backbone learned the native head's segmentation. A trimmed head spells the same text in
+more, shorter tokens, and, where it lost a script entirely, in `<0xXX>` byte tokens; both
+cost bits per byte. For head h on this prompt:
+
+    extra_h    = tokens_h / tokens_native − 1          extra tokens per native token
+    fallback_h = bytes spelled in byte tokens ÷ prompt bytes
+    penalty_h  = a · extra_h + b · fallback_h          predicted BPB_h ÷ BPB_native − 1
+
+(a, b) are fitted by least squares through the origin on the per-language evaluation
+(`polyhead heads eval --per-language`); `PenaltyFit.fit` does the fit. A head is excluded for
+a request when (1 + penalty_h) ÷ (1 + min penalty) − 1 exceeds the policy's `max_bpb_loss`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from router.profiles import HeadProfile, RequestFeatures
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PenaltyFit:
+    per_extra_token: float  # a: relative BPB loss per extra token per native token
+    per_fallback_share: float  # b: relative BPB loss per unit share of byte-token bytes
+
+    def penalty(self, extra: float, fallback: float) -> float:
+        return max(0.0, self.per_extra_token * max(0.0, extra)
+                   + self.per_fallback_share * fallback)
+
+    @staticmethod
+    def fit(points: Sequence[tuple[float, float, float]]) -> PenaltyFit:
+        """Least squares through the origin on (extra, fallback, observed penalty) points."""
+        sxx = sum(x * x for x, _, _ in points)
+        sff = sum(f * f for _, f, _ in points)
+        sxf = sum(x * f for x, f, _ in points)
+        sxy = sum(x * y for x, _, y in points)
+        sfy = sum(f * y for _, f, y in points)
+        det = sxx * sff - sxf * sxf
+        if abs(det) < 1e-12:  # no fallback in the data: one coefficient
+            return PenaltyFit(sxy / sxx if sxx > 0 else 0.0, 0.0)
+        a = (sxy * sff - sfy * sxf) / det
+        b = (sfy * sxx - sxy * sxf) / det
+        if b < 0:  # byte fallback never helps; refit without it
+            return PenaltyFit(sxy / sxx if sxx > 0 else 0.0, 0.0)
+        if a < 0:
+            return PenaltyFit(0.0, sfy / sff if sff > 0 else 0.0)
+        return PenaltyFit(a, b)
+
+
+# Fitted on the Gemma-3 demo heads' per-language evaluation; see the README's "How a head is
+# chosen" for the table and the command that refits it.
+DEFAULT_FIT = PenaltyFit(per_extra_token=1.0, per_fallback_share=1.0)
+
+
+def penalties(profiles: Sequence[HeadProfile], features: RequestFeatures,
+              fit: PenaltyFit) -> dict[str, float]:
+    """head -> predicted relative BPB penalty; empty when the prompt was not tokenized."""
+    tokenized = [p for p in profiles if p.name in features.tokens]
+    if not tokenized:
+        return {}
+    native = max(tokenized, key=lambda p: p.vocab_size)
+    base = features.tokens[native.name].prompt_tokens
+    out = {}
+    for p in tokenized:
+        n = features.tokens[p.name].prompt_tokens
+        extra = n / base - 1.0 if base > 0 else 0.0
+        out[p.name] = fit.penalty(extra, features.fallback_share(p.name))
+    return out
+
+
+def excluded_by_bound(penalty: Mapping[str, float], bound: float | None) -> dict[str, float]:
+    """head -> its predicted loss over the request's best head, for heads past the bound."""
+    if bound is None or not penalty:
+        return {}
+    best = min(penalty.values())
+    loss = {h: (1.0 + p) / (1.0 + best) - 1.0 for h, p in penalty.items()}
+    return {h: round(v, 4) for h, v in loss.items() if v > bound}
