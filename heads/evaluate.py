@@ -1,10 +1,16 @@
 """Per-head measurement on held-out text: `polyhead heads eval`.
 
 For each head and source file: bytes/token, bits per byte (BPB) with that head's tokenizer
-and its logits restricted to its V, prefill tokens/s, and the fraction of tokens not in the
-native head's segmentation. BPB is computed over windows of `window` tokens, each prefixed
-with BOS, through the backbone directly (no engine): the sum of -log2 p(token) over every
-text token, divided by the text's UTF-8 bytes.
+and its logits restricted to its V, prefill tokens/s, the fraction of tokens not in the
+native head's segmentation, and the share of byte-fallback tokens. BPB runs through the
+backbone directly (no engine): the sum of -log2 p(token) over every text token, divided by
+the text's UTF-8 bytes.
+
+Windows: with `window_bytes` the text is cut into fixed byte windows (at whitespace near the
+end, else at a character boundary), and each window is tokenized and scored on its own,
+prefixed with BOS, on every head. So every head sees the same bytes of context and its
+context resets land at the same bytes. Without it, windows are `window` tokens of each
+head's own tokenization (resets land at different bytes per head).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class HeadSourceResult:
     bits: float  # sum of -log2 p over the tokens
     prefill_seconds: float
     differing_tokens: int  # tokens whose byte span is not a token of the native head
+    byte_fallback_tokens: int = 0  # <0xXX> tokens (characters the head cannot spell)
 
     @property
     def bytes_per_token(self) -> float:
@@ -58,10 +65,15 @@ class HeadSourceResult:
     def differing_fraction(self) -> float:
         return self.differing_tokens / self.tokens
 
+    @property
+    def byte_fallback_share(self) -> float:
+        return self.byte_fallback_tokens / self.tokens
+
     def row(self) -> dict:
         return {**asdict(self), "bytes_per_token": self.bytes_per_token, "bpb": self.bpb,
                 "prefill_tokens_per_s": self.prefill_tokens_per_s,
-                "differing_fraction": self.differing_fraction}
+                "differing_fraction": self.differing_fraction,
+                "byte_fallback_share": self.byte_fallback_share}
 
 
 @torch.inference_mode()
@@ -125,11 +137,43 @@ def _spans(text: str, tok: Tokenizer) -> tuple[list[int], list[tuple[int, int]]]
     return enc.ids, enc.offsets
 
 
-def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int
-             ) -> list[HeadSourceResult]:
+def byte_windows(text: str, window_bytes: int) -> list[str]:
+    """`text` cut into consecutive pieces of at most `window_bytes` UTF-8 bytes (a single
+    character longer than that is its own piece). A cut goes after the last whitespace in
+    the final eighth of the window when there is one, else at a character boundary; the
+    pieces concatenate back to `text`."""
+    if window_bytes < 8:
+        raise ValueError(f"window_bytes must be at least 8, got {window_bytes}")
+    data = text.encode()
+    out, start = [], 0
+    while start < len(data):
+        end = min(start + window_bytes, len(data))
+        while end < len(data) and end > start and (data[end] & 0xC0) == 0x80:
+            end -= 1  # back off a UTF-8 continuation byte
+        if end == start:  # one character wider than the window
+            end += 1
+            while end < len(data) and (data[end] & 0xC0) == 0x80:
+                end += 1
+        elif end < len(data):
+            cut = max(data.rfind(c, start + window_bytes * 7 // 8, end) for c in b" \n\t")
+            if cut > start:
+                end = cut + 1
+        out.append(data[start:end].decode())
+        start = end
+    return out
+
+
+def _byte_token_ids(tok: Tokenizer) -> frozenset[int]:
+    return frozenset(i for t, i in tok.get_vocab().items()
+                     if len(t) == 6 and t.startswith("<0x") and t.endswith(">"))
+
+
+def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int,
+             window_bytes: int | None = None) -> list[HeadSourceResult]:
     heads = sorted(ckpt.manifest.heads, key=lambda h: h.vocab_size)
     native = heads[-1].name
     plain = {h.name: _plain(ckpt.tokenizers[h.name].tokenizer) for h in heads}
+    byte_ids = {h.name: _byte_token_ids(plain[h.name]) for h in heads}
     full = ckpt.model.unembedding_rows(native).float()  # nested heads read a prefix of it
     w32 = {h.name: (full[:h.vocab_size] if ckpt.manifest.head(h.name).unembedding
                     == ckpt.manifest.head(native).unembedding
@@ -138,13 +182,22 @@ def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int
     for path in files:
         text = _head_of(path, max_bytes)
         n_bytes = len(text.encode())
-        native_spans = set(_spans(text, plain[native])[1])
+        pieces = byte_windows(text, window_bytes) if window_bytes else [text]
+        native_spans = [set(_spans(p, plain[native])[1]) for p in pieces]
         for h in heads:
-            ids, offsets = _spans(text, plain[h.name])
-            bits, dt = sequence_bits(ckpt, h.name, ids, window, w32[h.name])
-            differ = sum(o not in native_spans for o in offsets)
-            r = HeadSourceResult(h.name, h.vocab_size, source_name(path), n_bytes, len(ids),
-                                 bits, dt, differ)
+            n_tokens = differ = fallback = 0
+            bits = dt = 0.0
+            for piece, spans in zip(pieces, native_spans, strict=True):
+                ids, offsets = _spans(piece, plain[h.name])
+                # A byte window is one context: no token window can be shorter than it.
+                b, t = sequence_bits(ckpt, h.name, ids, window if not window_bytes
+                                     else len(ids) + 1, w32[h.name])
+                bits, dt = bits + b, dt + t
+                n_tokens += len(ids)
+                differ += sum(o not in spans for o in offsets)
+                fallback += sum(i in byte_ids[h.name] for i in ids)
+            r = HeadSourceResult(h.name, h.vocab_size, source_name(path), n_bytes, n_tokens,
+                                 bits, dt, differ, fallback)
             log.info("%s %s: %.3f bytes/token, %.4f BPB, %.0f tok/s", h.name, r.source,
                      r.bytes_per_token, r.bpb, r.prefill_tokens_per_s)
             results.append(r)
@@ -172,27 +225,49 @@ def aggregate(results: list[HeadSourceResult]) -> list[HeadSourceResult]:
         out.append(HeadSourceResult(
             head, rs[0].vocab_size, AGGREGATE, sum(r.bytes for r in rs),
             sum(r.tokens for r in rs), sum(r.bits for r in rs),
-            sum(r.prefill_seconds for r in rs), sum(r.differing_tokens for r in rs)))
+            sum(r.prefill_seconds for r in rs), sum(r.differing_tokens for r in rs),
+            sum(r.byte_fallback_tokens for r in rs)))
     return out
 
 
-def write_results(ckpt: Checkpoint, results: list[HeadSourceResult], out: Path) -> Path:
-    """Record the aggregate in the manifest (atomically) and write eval.json + eval.png."""
+def by_source(results: list[HeadSourceResult]) -> dict[str, dict[str, dict[str, float]]]:
+    """source -> head -> {bytes_per_token, bpb, byte_fallback_share, bpb_vs_native}."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for source in dict.fromkeys(r.source for r in results):
+        rs = sorted((r for r in results if r.source == source), key=lambda r: r.vocab_size)
+        native = rs[-1].bpb
+        out[source] = {r.head: {"vocab_size": r.vocab_size, "bytes": r.bytes,
+                                "tokens": r.tokens,
+                                "bytes_per_token": round(r.bytes_per_token, 4),
+                                "bpb": round(r.bpb, 4),
+                                "byte_fallback_share": round(r.byte_fallback_share, 5),
+                                "bpb_vs_native": round(r.bpb / native, 4)} for r in rs}
+    return out
+
+
+def write_results(ckpt: Checkpoint, results: list[HeadSourceResult], out: Path,
+                  update_manifest: bool = True) -> Path:
+    """Write eval.json (rows), eval-by-source.json (source -> head -> figures), eval.png and
+    eval-by-source.png; with `update_manifest`, also record the aggregate in the manifest
+    (atomically)."""
     totals = {r.head: r for r in aggregate(results)}
-    heads = tuple(replace(h, bytes_per_token=round(totals[h.name].bytes_per_token, 4),
-                          bpb=round(totals[h.name].bpb, 4)) for h in ckpt.manifest.heads)
-    sources = sorted({r.source for r in results})
-    manifest = replace(ckpt.manifest, heads=heads,
-                       extra={**ckpt.manifest.extra, "eval_sources": sources})
-    manifest.validate()
-    tmp = ckpt.directory / f".{MANIFEST_FILE}.tmp"
-    tmp.write_text(manifest.to_json())
-    os.replace(tmp, ckpt.directory / MANIFEST_FILE)
+    if update_manifest:
+        heads = tuple(replace(h, bytes_per_token=round(totals[h.name].bytes_per_token, 4),
+                              bpb=round(totals[h.name].bpb, 4)) for h in ckpt.manifest.heads)
+        sources = sorted({r.source for r in results})
+        manifest = replace(ckpt.manifest, heads=heads,
+                           extra={**ckpt.manifest.extra, "eval_sources": sources})
+        manifest.validate()
+        tmp = ckpt.directory / f".{MANIFEST_FILE}.tmp"
+        tmp.write_text(manifest.to_json())
+        os.replace(tmp, ckpt.directory / MANIFEST_FILE)
     out.mkdir(parents=True, exist_ok=True)
     rows = [r.row() for r in [*results, *totals.values()]]
     (out / "eval.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out / "eval-by-source.json").write_text(json.dumps(by_source(results), indent=2) + "\n")
     png = out / "eval.png"
     plot(results, png)
+    plot_by_source(results, out / "eval-by-source.png")
     return png
 
 
@@ -222,12 +297,44 @@ def plot(results: list[HeadSourceResult], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_by_source(results: list[HeadSourceResult], path: Path) -> None:
+    """Grouped bars: per source (language), BPB and bytes/token of each head."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sources = list(dict.fromkeys(r.source for r in results))
+    heads = sorted({(r.vocab_size, r.head) for r in results})
+    width = 0.8 / len(heads)
+    fig, axes = plt.subplots(2, 1, figsize=(max(7.0, 0.75 * len(sources) + 2), 7), sharex=True)
+    cell = {(r.source, r.head): r for r in results}
+    for k, (_, head) in enumerate(heads):
+        xs = [i + (k - (len(heads) - 1) / 2) * width for i in range(len(sources))]
+        rs = [cell[(s, head)] for s in sources]
+        axes[0].bar(xs, [r.bpb for r in rs], width, label=head)
+        axes[1].bar(xs, [r.bytes_per_token for r in rs], width, label=head)
+    axes[0].set_ylabel("bits / byte")
+    axes[1].set_ylabel("bytes / token")
+    axes[1].set_xticks(range(len(sources)), sources)
+    for ax in axes:
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=8, title="head")
+    fig.suptitle("per-head BPB and compression by source")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def run_eval(model_dir: Path, files: list[Path], max_bytes: int, window: int,
-             out: Path | None = None, compute_dtype: str | None = None
+             out: Path | None = None, compute_dtype: str | None = None,
+             window_bytes: int | None = None, update_manifest: bool = True
              ) -> tuple[list[HeadSourceResult], Path]:
     """`compute_dtype` (e.g. "float32") runs the weights upcast: on CPUs without bf16 matmul
-    units it is faster than bfloat16 (2.6x for Gemma-3-270M on 2 cores), and no less exact."""
+    units it is faster than bfloat16 (2.6x for Gemma-3-270M on 2 cores), and no less exact.
+    `update_manifest` records the aggregate figures in the checkpoint's manifest (the demo
+    build does; `polyhead heads eval` only with --update)."""
     ckpt = load_checkpoint(model_dir, compute_dtype=compute_dtype)
-    results = evaluate(ckpt, files, max_bytes, window)
-    png = write_results(ckpt, results, out or model_dir / "eval")
+    results = evaluate(ckpt, files, max_bytes, window, window_bytes)
+    png = write_results(ckpt, results, out or model_dir / "eval", update_manifest)
     return results, png

@@ -44,19 +44,35 @@ def _register_build(hsub: argparse._SubParsersAction) -> None:
     build.set_defaults(run=_heads_build)
 
 
+def _languages(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
 def _register_eval(hsub: argparse._SubParsersAction) -> None:
     ev = hsub.add_parser("eval", help="measure bytes/token and BPB per head and source")
-    ev.add_argument("dir", type=Path, help="checkpoint directory (its manifest is updated)")
-    ev.add_argument("--corpus", type=Path, nargs="+", required=True, metavar="HELDOUT",
-                    help="held-out text files, one source each (e.g. *.heldout.txt)")
+    ev.add_argument("dir", type=Path, help="checkpoint directory")
+    what = ev.add_mutually_exclusive_group(required=True)
+    what.add_argument("--corpus", type=Path, nargs="+", metavar="HELDOUT",
+                      help="held-out text files, one source each (e.g. *.heldout.txt)")
+    what.add_argument("--languages", type=_languages, metavar="LANGS",
+                      help="the committed per-language samples (heads/data/multilingual), "
+                      "comma-separated codes such as en,de,ja, or 'all'")
     ev.add_argument("--max-bytes", type=int, default=100_000,
                     help="bytes per source evaluated (whole documents; default 100000)")
-    ev.add_argument("--window", type=int, default=512, help="tokens per window incl. BOS")
+    ev.add_argument("--window-bytes", type=int, default=2048,
+                    help="score fixed byte windows of this size, each on its own with BOS, so "
+                    "every head sees the same context (default 2048; 0: token windows of "
+                    "--window tokens instead)")
+    ev.add_argument("--window", type=int, default=512,
+                    help="with --window-bytes 0: tokens per window incl. BOS")
     ev.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     ev.add_argument("--compute-dtype", choices=("float32", "bfloat16", "float16"),
                     help="run the weights in this dtype (default: the checkpoint's); float32 "
                     "is faster than bfloat16 on most CPUs")
-    ev.add_argument("--out", type=Path, help="where eval.json/eval.png go (default DIR/eval)")
+    ev.add_argument("--update", action=argparse.BooleanOptionalAction, default=False,
+                    help="record the aggregate bytes/token and BPB in the checkpoint's "
+                    "manifest (default --no-update: measuring never rewrites it)")
+    ev.add_argument("--out", type=Path, help="where eval*.json/eval*.png go (default DIR/eval)")
     ev.set_defaults(run=_heads_eval)
 
 
@@ -74,21 +90,39 @@ def _heads_build(args: argparse.Namespace) -> None:
 def _heads_eval(args: argparse.Namespace) -> None:
     import torch
 
-    from heads.evaluate import AGGREGATE, aggregate, run_eval
+    from heads.evaluate import AGGREGATE, aggregate, by_source, run_eval
+    from heads.multilingual import languages, sample_path
     from server.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
     if args.threads:
         torch.set_num_threads(args.threads)
-    results, png = run_eval(args.dir, args.corpus, args.max_bytes, args.window, args.out,
-                            args.compute_dtype)
+    if args.languages is not None:
+        langs = list(languages()) if args.languages == ["all"] else args.languages
+        files = [sample_path(lang) for lang in langs]
+    else:
+        files = args.corpus
+    results, png = run_eval(args.dir, files, args.max_bytes, args.window, args.out,
+                            args.compute_dtype, window_bytes=args.window_bytes or None,
+                            update_manifest=args.update)
     print(f"{'head':<8}{'V':>8}  {'source':<12}{'bytes/tok':>10}{'BPB':>8}"
-          f"{'prefill tok/s':>15}{'≠native':>9}")
+          f"{'prefill tok/s':>15}{'≠native':>9}{'bytefb':>8}")
     for r in [*results, *aggregate(results)]:
         label = r.source if r.source != AGGREGATE else "ALL"
         print(f"{r.head:<8}{r.vocab_size:>8}  {label:<12}{r.bytes_per_token:>10.3f}"
-              f"{r.bpb:>8.4f}{r.prefill_tokens_per_s:>15.0f}{r.differing_fraction:>9.1%}")
-    print(f"plot: {png}")
+              f"{r.bpb:>8.4f}{r.prefill_tokens_per_s:>15.0f}{r.differing_fraction:>9.1%}"
+              f"{r.byte_fallback_share:>8.1%}")
+    table = by_source(results)
+    heads = list(next(iter(table.values())))
+    print()
+    print(f"{'source':<12}" + "".join(f"{h + ' B/tok':>12}{h + ' BPB':>11}" for h in heads)
+          + "".join(f"{h + '/native':>12}" for h in heads[:-1]))
+    for source, row in table.items():
+        print(f"{source:<12}" + "".join(f"{row[h]['bytes_per_token']:>12.3f}"
+                                        f"{row[h]['bpb']:>11.4f}" for h in heads)
+              + "".join(f"{row[h]['bpb_vs_native']:>12.3f}" for h in heads[:-1]))
+    print(f"plot: {png} and {png.with_name('eval-by-source.png')}"
+          + ("; manifest updated" if args.update else ""))
 
 
 def _heads_inspect(args: argparse.Namespace) -> None:
