@@ -5,7 +5,11 @@ this process is the load generator:
 - latency: an open loop at a fixed rate; added latency per request = client latency minus
   the engine's wait that the gateway reports in `server-timing: engine;dur=...`;
 - throughput: a closed loop at fixed concurrency; the sustained completions/s;
-- streams: N concurrent SSE streams held open (echo backend with a per-token delay).
+- streams: N concurrent SSE streams held open (echo backend with a per-token delay);
+- features: what request-aware routing adds (the prompt tokenized with every head before the
+  decision), as the added latency of a 2 KB prompt on the echo backend under a content-blind
+  policy (one head tokenized, after the decision) and a request-aware one, in the same run,
+  plus the encode itself timed in process.
 The load generator shares the machine with the gateway, so the figures are conservative.
 """
 
@@ -85,17 +89,19 @@ def gateway(model: str, port: int, log: Path, **env: str) -> Iterator[str]:
         proc.wait(timeout=60)
 
 
-async def open_loop(url: str, backend: str, rps: float, seconds: float) -> Result:
+async def open_loop(url: str, backend: str, rps: float, seconds: float,
+                    body: dict | None = None, phase: str = "latency") -> Result:
+    body = body or BODY
     lat, added, errors = [], [], 0
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
     async with httpx.AsyncClient(timeout=30, limits=limits) as client:
         for _ in range(20):  # warm-up: connections, code paths
-            await client.post(f"{url}/v1/completions", json=BODY)
+            await client.post(f"{url}/v1/completions", json=body)
 
         async def one() -> None:
             nonlocal errors
             t0 = time.perf_counter()
-            r = await client.post(f"{url}/v1/completions", json=BODY)
+            r = await client.post(f"{url}/v1/completions", json=body)
             dt = time.perf_counter() - t0
             if r.status_code != 200:
                 errors += 1
@@ -113,7 +119,7 @@ async def open_loop(url: str, backend: str, rps: float, seconds: float) -> Resul
             tasks.append(asyncio.create_task(one()))
         await asyncio.gather(*tasks)
         took = time.perf_counter() - start
-    return Result(backend, f"latency@{rps:g}rps", n, errors, took, len(lat) / took,
+    return Result(backend, f"{phase}@{rps:g}rps", n, errors, took, len(lat) / took,
                   _pct(lat, 0.5), _pct(lat, 0.99), _pct(added, 0.5), _pct(added, 0.99))
 
 
@@ -192,6 +198,49 @@ def write(rows: list[Result], out: Path) -> Path:
     path.write_text(json.dumps({"machine": machine(), "rows": [asdict(r) for r in rows]},
                                indent=2))
     return path
+
+
+FEATURES_TARGET_MS = 1.0  # request-aware routing may add this much p50, 2 KB over 3 heads
+FEATURES = ("blind", "request")
+
+
+def features_policy(features: str) -> str:
+    return json.dumps({"name": "lifecycle", "params": {"features": features}})
+
+
+def encode_p50_ms(model_dir: Path, text: str, rounds: int = 300) -> float:
+    """In process: the prompt tokenized with every head (heads.prompt_encoder), p50 ms."""
+    from heads.checkpoint import load_metadata
+    from heads.prompt_encoder import PromptEncoder
+
+    manifest, tokenizers = load_metadata(model_dir)
+    encoder = PromptEncoder(tokenizers, {h.name: h.bos_token_id for h in manifest.heads})
+    try:
+        for _ in range(30):
+            encoder.encode([text], chat=False)
+        took = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            encoder.encode([text], chat=False)
+            took.append(time.perf_counter() - t0)
+    finally:
+        encoder.close()
+    return _pct(took, 0.5)
+
+
+def features_summary(rows: list[Result], encode_ms: float | None) -> str:
+    by = {r.backend: r for r in rows if r.phase.startswith("2KB prompt")}
+    blind, aware = by.get("echo/blind"), by.get("echo/request")
+    if blind is None or aware is None or None in (blind.added_p50_ms, aware.added_p50_ms):
+        return ""
+    assert blind.added_p50_ms is not None and aware.added_p50_ms is not None
+    delta = aware.added_p50_ms - blind.added_p50_ms
+    verdict = "MET" if delta <= FEATURES_TARGET_MS else "MISSED"
+    encode = "" if encode_ms is None else f"; in-process encode over every head p50 " \
+                                          f"{encode_ms:.3f} ms"
+    return (f"request-aware routing adds {delta:+.3f} ms p50 over content-blind "
+            f"({aware.added_p50_ms:.3f} vs {blind.added_p50_ms:.3f} ms added; target "
+            f"<= {FEATURES_TARGET_MS:g} ms): {verdict}{encode}")
 
 
 def summary(rows: list[Result]) -> str:

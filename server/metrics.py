@@ -154,6 +154,22 @@ class Metrics:
         self.admission_queue = Gauge(
             "polyhead_admission_queue", "Requests waiting for KV-cache room", registry=r,
         )
+        # Learned from finished requests (router.compression), persisted with λ's counters.
+        self.output_bpt = Gauge(
+            "polyhead_output_bytes_per_token",
+            "Output bytes per token of finished requests, by head and script class",
+            ["head", "script"], registry=r,
+        )
+        self.output_tokens = Gauge(
+            "polyhead_output_tokens_observed",
+            "Output tokens behind polyhead_output_bytes_per_token, by head and script class",
+            ["head", "script"], registry=r,
+        )
+        self.quality_excluded = Counter(
+            "polyhead_quality_bound_exclusions",
+            "Heads a request's predicted BPB penalty kept it off, by excluded head",
+            ["head"], registry=r,
+        )
         self.calibration = Gauge(
             "polyhead_cost_calibration",
             "Fitted step-time model: overhead_s, mem_scale, cmp_scale, rms_rel_error, samples",

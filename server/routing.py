@@ -23,6 +23,7 @@ from fastapi import FastAPI
 
 from router.admission import Admission, KVBudget, OutputRatio
 from router.calibration import CalibratedTimer
+from router.compression import split_key
 from router.store import PolicySync, StateSync
 from server.admission_gate import AdmissionGate
 from server.lambda_store import RedisStore, make_store
@@ -128,6 +129,11 @@ def refresh_routing_metrics(svc: GatewayService, m: Metrics) -> None:
     forecast = snap.lambda_forecast
     m.lambda_forecast.set(math.nan if forecast is None else forecast)
     m.lambda_effective.set(snap.effective_lam())
+    for key, tokens in snap.output_tokens.items():
+        head, script = split_key(key)
+        if tokens > 0:
+            m.output_bpt.labels(head, script).set(snap.output_bytes.get(key, 0) / tokens)
+            m.output_tokens.labels(head, script).set(tokens)
     gate = svc.admission
     if gate is not None:
         used = svc.backend.kv_blocks()[0]

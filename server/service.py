@@ -155,6 +155,8 @@ class GatewayService:
                                      score, positions)
         jobs = self._jobs(decision.head, encoded, template, body.n, stops)
         self.metrics.decisions.labels(decision.head, decision.policy, decision.code).inc()
+        for head in decision.request.get("excluded", {}):
+            self.metrics.quality_excluded.labels(head).inc()
         log.debug("request %s -> head %s: %s", request_id, decision.head, decision.reason)
         return Plan(request_id, kind, route, int(time.time()), body.model, decision,
                     encoded.heads[decision.head].tokens, encoded.prompt_bytes, tuple(jobs),

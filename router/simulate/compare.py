@@ -11,7 +11,7 @@ from pathlib import Path
 from router.cost import AnalyticTimer, StepTimer
 from router.devices import DeviceSpec
 from router.profiles import HeadProfile
-from router.simulate.engine import SimEngine, SimResult
+from router.simulate.engine import SimEngine, SimResult, Texts
 from router.simulate.traces import SimRequest
 
 log = logging.getLogger(__name__)
@@ -38,11 +38,15 @@ def kv_tokens(profiles: Sequence[HeadProfile], device: DeviceSpec) -> int:
 
 
 def policy_doc(name: str, heads: Sequence[str]) -> dict:
+    """A label's policy: a policy name, a head (pinned to it), or `<policy>:blind` for the
+    policy judging requests by the manifest's averages only (content-blind)."""
+    name, _, mode = name.partition(":")
+    params: dict = {} if not mode else {"features": mode}
     if name == "weighted":
-        return {"name": "weighted", "params": {"weights": dict.fromkeys(heads, 1)}}
+        return {"name": "weighted", "params": {"weights": dict.fromkeys(heads, 1), **params}}
     if name in heads:
         return {"name": "pinned", "params": {"head": name}}
-    return {"name": name}
+    return {"name": name, "params": params}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,16 +69,19 @@ class Row:
 def compare(trace: Sequence[SimRequest], trace_name: str, device: DeviceSpec,
             profiles: Sequence[HeadProfile] = PAPER_HEADS, lam: float | None = 100.0,
             policies: Sequence[str] = POLICIES, timer: StepTimer | None = None,
-            kv: int | None = None, max_num_seqs: int = 256) -> list[Row]:
-    """`timer`: step times (default: the analytic model on `device`), e.g. a CalibratedTimer
-    seeded from measured steps; `kv`: the KV budget in tokens (default: the device's memory)."""
+            kv: int | None = None, max_num_seqs: int = 256,
+            score_timer: StepTimer | None = None, texts: Texts | None = None) -> list[Row]:
+    """`timer`: the step times the router decides with (default: the analytic model on
+    `device`), e.g. a CalibratedTimer seeded from measured steps; `score_timer`: the step
+    times charged (default: `timer`); `kv`: the KV budget in tokens (default: the device's
+    memory); `texts`: per-language spelling per head (router.simulate.engine.Spelling)."""
     heads = [p.name for p in profiles]
     timer = timer or AnalyticTimer(device)
     kv = kv if kv is not None else kv_tokens(profiles, device)
     rows = []
     for name in (*policies, *heads):
         engine = SimEngine(profiles, timer, policy_doc(name, heads), kv, max_num_seqs,
-                           lambda_forecast=lam)
+                           lambda_forecast=lam, score_timer=score_timer, texts=texts)
         label = f"static:{name}" if name in heads else name
         rows.append(Row(trace_name, device.name, label, engine.run(trace, label)))
         log.info("%s on %s, %s: %.4g s/MB", trace_name, device.name, label,

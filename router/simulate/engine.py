@@ -3,9 +3,17 @@
 Each iteration is one engine step: requests that arrived by now are routed (Router.decide
 on the live state this engine reports, clock = simulated time) and admitted (Admission with
 the device's KV budget; the rest wait FIFO); newly admitted ones are prefilled; then every
-running request decodes one token. The step's time comes from the cost model
+running request decodes one token. The step's time comes from a cost model
 (`StepTimer.step_time` over the head groups, plus a prefill term). Idle time is skipped and
 not charged: cost is busy device-seconds per MB of output.
+
+Two timers: the router decides with `timer`, and steps are charged by `score_timer`
+(default: the same). Scoring a policy with the timer it minimizes flatters it by
+construction; `polyhead simulate --calibration` charges measured step times instead.
+
+With `texts` (language -> head -> how that head spells the language), each request is
+tokenized per head as the gateway would, so request-aware policies see its own bytes/token
+and byte-fallback share, and every head decodes the request's output at its own rate.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from typing import Any
 
 from router.admission import Admission, KVBudget, OutputRatio
 from router.cost import Group, StepTimer, prefill_s
-from router.profiles import HeadProfile, RequestFeatures
+from router.profiles import HeadProfile, HeadTokens, RequestFeatures
 from router.router import Router
 from router.simulate.traces import SimRequest
 from router.state import LiveState
@@ -37,6 +45,7 @@ class _Seq:
     out_tokens: int
     out_bytes: int
     max_tokens: int
+    lang: str = "en"
     ticket: Any = None
 
 
@@ -66,12 +75,25 @@ class SimResult:
         return {h: n / total for h, n in self.requests.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class Spelling:
+    """How one head spells one language's text."""
+
+    bytes_per_token: float
+    fallback_share: float = 0.0  # of the bytes, spelled with byte-fallback tokens
+
+
+Texts = Mapping[str, Mapping[str, Spelling]]  # language -> head -> spelling
+
+
 class SimEngine:
     def __init__(self, profiles: Sequence[HeadProfile], timer: StepTimer,
                  policy_doc: Mapping[str, Any], kv_tokens: int, max_num_seqs: int = 256,
-                 lambda_forecast: float | None = None, block_size: int = 16) -> None:
+                 lambda_forecast: float | None = None, block_size: int = 16,
+                 score_timer: StepTimer | None = None, texts: Texts | None = None) -> None:
         self.profiles = {p.name: p for p in profiles}
-        self.timer = timer
+        self.timer = score_timer or timer  # what steps cost
+        self.texts = texts or {}
         self.now = 0.0
         self.state = LiveState.for_profiles(profiles, window_s=5.0)
         self.state.set_lambda_forecast(lambda_forecast)
@@ -93,16 +115,24 @@ class SimEngine:
         for s in self.waiting:
             loads[s.head] = (loads[s.head][0], loads[s.head][1] + 1)
         self.state.set_loads(loads, now=self.now)
-        d = self.router.decide(RequestFeatures(r.prompt_bytes, r.max_tokens))
+        spell = self.texts.get(r.lang)
+        if spell is None:
+            features = RequestFeatures(r.prompt_bytes, r.max_tokens)
+        else:
+            tokens = {h: HeadTokens(max(1, math.ceil(r.prompt_bytes / x.bytes_per_token)),
+                                    round(x.fallback_share * r.prompt_bytes))
+                      for h, x in spell.items() if h in self.profiles}
+            features = RequestFeatures(r.prompt_bytes, r.max_tokens, None, tokens, r.lang)
+        d = self.router.decide(features)
         if last[0] is not None and d.head != last[0]:
             result.switches += 1
         last[0] = d.head
-        bpt = self.profiles[d.head].bpt
+        bpt = spell[d.head].bytes_per_token if spell else self.profiles[d.head].bpt
         out = min(r.max_tokens, max(1, math.ceil(r.output_bytes / bpt)))
         text = r.output_bytes if out < r.max_tokens else int(out * bpt)
         self.admission.observe_request(r.prompt_bytes, r.max_tokens)
         self.waiting.append(_Seq(d.head, r.arrival_s, max(1, math.ceil(r.prompt_bytes / bpt)),
-                                 out, text, r.max_tokens))
+                                 out, text, r.max_tokens, r.lang))
 
     def _admit(self) -> float:
         """Admit waiting requests FIFO while KV and the sequence cap allow; -> prefill time."""
@@ -159,3 +189,4 @@ class SimEngine:
         result.latencies.append(self.now - s.arrival_s)
         result.output_bytes += s.out_bytes
         result.requests[s.head] += 1
+        self.state.add_output(s.head, s.lang, s.out_bytes, s.out_tokens)

@@ -24,6 +24,14 @@ class SimRequest:
     prompt_bytes: int
     output_bytes: int  # the text the model would write if max_tokens allowed it
     max_tokens: int
+    lang: str = "en"  # language of the prompt and of the text the answer continues
+
+
+# The multilingual trace's language mix, fixed before any result was seen: half English, the
+# other half split evenly over nine languages covering Latin (de, fr, es, pl), Cyrillic (ru),
+# CJK (ja, zh), Hangul (ko) and Devanagari (hi). It is not tuned to the router.
+MULTILINGUAL_MIX: dict[str, float] = {"en": 0.5, **dict.fromkeys(
+    ("de", "fr", "es", "pl", "ru", "ja", "zh", "ko", "hi"), 0.5 / 9)}
 
 
 def _sizes(rng: random.Random, prompt: float, output: float) -> tuple[int, int]:
@@ -95,20 +103,44 @@ def cpu_day(duration_s: float = 150, seed: int = 5, peak: float = 2.0) -> list[S
                    max(p.rate for p in phases))
 
 
+def with_languages(trace: list[SimRequest], mix: dict[str, float],
+                   seed: int) -> list[SimRequest]:
+    """The same arrivals and sizes, each request drawn a language from `mix` (own RNG, so
+    every mix keeps the arrivals)."""
+    rng = random.Random(seed)
+    langs, weights = list(mix), list(mix.values())
+    return [SimRequest(r.arrival_s, r.prompt_bytes, r.output_bytes, r.max_tokens,
+                       rng.choices(langs, weights)[0]) for r in trace]
+
+
+def multilingual(duration_s: float = 150, seed: int = 5, peak: float = 2.0) -> list[SimRequest]:
+    """`cpu_day` arrivals with MULTILINGUAL_MIX languages; max_tokens leaves room for the
+    ~1 byte/token a head without the script needs."""
+    base = [SimRequest(r.arrival_s, r.prompt_bytes, r.output_bytes, 320)
+            for r in cpu_day(duration_s, seed, peak)]
+    return with_languages(base, MULTILINGUAL_MIX, seed + 1)
+
+
+def english(duration_s: float = 150, seed: int = 5, peak: float = 2.0) -> list[SimRequest]:
+    """The multilingual trace's arrivals and sizes, every request in English."""
+    return with_languages(multilingual(duration_s, seed, peak), {"en": 1.0}, seed + 1)
+
+
 TRACES: dict[str, Callable[..., list[SimRequest]]] = {
     "edge": edge, "datacenter": datacenter, "bursty": bursty, "diurnal": diurnal,
-    "cpu-day": cpu_day,
+    "cpu-day": cpu_day, "multilingual": multilingual, "english": english,
 }
 
 
 def load_trace(path: Path) -> list[SimRequest]:
     """CSV with a header, or JSON lines; fields arrival_s, prompt_bytes, output_bytes,
-    max_tokens (default 512)."""
+    max_tokens (default 512), lang (default en)."""
     text = path.read_text()
     if path.suffix == ".jsonl":
         rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     else:
         rows = list(csv.DictReader(text.splitlines()))
     out = [SimRequest(float(r["arrival_s"]), int(r["prompt_bytes"]), int(r["output_bytes"]),
-                      int(r.get("max_tokens") or 512)) for r in rows]
+                      int(r.get("max_tokens") or 512), str(r.get("lang") or "en"))
+           for r in rows]
     return sorted(out, key=lambda r: r.arrival_s)

@@ -16,6 +16,11 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--local-rps", type=float, default=20,
                    help="open-loop rate against the local engine")
     p.add_argument("--backends", default="echo,local", help="comma-separated: echo, local")
+    p.add_argument("--features-model", default="gemma3-270m",
+                   help="model whose heads tokenize the 2 KB prompt of the features phase "
+                        "(built-in name or checkpoint directory); 'none' skips the phase")
+    p.add_argument("--features-rps", type=float, default=50,
+                   help="open-loop rate of the features phase")
     p.add_argument("--out", type=Path, default=Path("bench-results"))
     p.set_defaults(run=_run)
 
@@ -26,6 +31,7 @@ def _run(args: argparse.Namespace) -> None:
 
     from server.bench_gateway import (
         closed_loop,
+        features_summary,
         free_port,
         gateway,
         hold_streams,
@@ -52,7 +58,44 @@ def _run(args: argparse.Namespace) -> None:
         with gateway(model, free_port(), logs / "streams.log", POLYHEAD_BACKEND="echo",
                      POLYHEAD_ECHO_TOKEN_DELAY_S="0.01") as url:
             rows.append(asyncio.run(hold_streams(url, args.streams, tokens=300)))
+    encode_ms = None
+    if args.features_model != "none":
+        encode_ms = _features(args, rows, logs)
     print(f"machine: {machine()}")
     print(table(rows))
     print(summary(rows))
+    print(features_summary(rows, encode_ms))
     print(f"wrote {write(rows, args.out)}; gateway logs in {logs}")
+
+
+def _features(args: argparse.Namespace, rows: list, logs: Path) -> float:
+    """The features phase: one echo gateway per policy mode, same 2 KB prompt, same rate."""
+    import asyncio
+
+    from heads.checkpoint import load_metadata
+    from heads.tokenizer_training import DATA_DIR
+    from server.bench_gateway import (
+        FEATURES,
+        Result,
+        encode_p50_ms,
+        features_policy,
+        free_port,
+        gateway,
+        open_loop,
+    )
+    from server.model_source import resolve_model_dir
+    from server.settings import load_settings
+
+    model_dir = resolve_model_dir(args.features_model, load_settings(None).cache_dir)
+    name = load_metadata(model_dir)[0].model_name
+    raw = (DATA_DIR / "wiki-sample-b.txt").read_bytes()[:2048]
+    text = raw.decode("utf-8", "ignore")  # a cut multi-byte character is dropped
+    body = {"model": name, "prompt": text, "max_tokens": 1, "temperature": 0}
+    for features in FEATURES:
+        with gateway(str(model_dir), free_port(), logs / f"features-{features}.log",
+                     POLYHEAD_BACKEND="echo", POLYHEAD_TORCH_THREADS="1",
+                     POLYHEAD_POLICY=features_policy(features)) as url:
+            r: Result = asyncio.run(open_loop(url, f"echo/{features}", args.features_rps,
+                                              args.seconds, body, "2KB prompt"))
+            rows.append(r)
+    return encode_p50_ms(model_dir, text)

@@ -16,10 +16,15 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="gemma3-270m",
                    help="checkpoint directory, or a built-in: gemma3-270m (default), tiny")
     p.add_argument("--trace", default="cpu-day", help="a CSV/JSONL file, or a synthetic trace "
-                   "name (cpu-day: night / busy noon / night, split into regimes low / high)")
+                   "name (cpu-day: night / busy noon / night, split into regimes low / high; "
+                   "multilingual: cpu-day arrivals, half English and half nine other "
+                   "languages; english: the same arrivals, all English)")
     p.add_argument("--duration", type=float, default=150.0, help="synthetic trace length, s")
     p.add_argument("--peak", type=float, default=2.0, help="cpu-day: noon arrivals per s")
-    p.add_argument("--policies", default="lifecycle,cost", help="comma-separated policies")
+    p.add_argument("--policies", default=None,
+                   help="comma-separated policies; `<policy>:blind` judges requests by the "
+                        "manifest's averages only (default: lifecycle,cost; for the "
+                        "multilingual and english traces lifecycle,lifecycle:blind)")
     p.add_argument("--calibration", type=Path, default=None, metavar="FILE",
                    help="step samples from `bench engine --calibration-out`: seed the router's "
                         "and the simulator's step times (default: analytic floors)")
@@ -37,22 +42,33 @@ def _run(args: argparse.Namespace) -> None:
     import torch
 
     from heads.checkpoint import load_checkpoint
-    from router.simulate.traces import TRACES, cpu_day, day_phases, load_trace, phase_at
+    from router.simulate.traces import TRACES, day_phases, load_trace, phase_at
     from server.commands.errors import CliError
     from server.logging_setup import configure_logging
     from server.model_source import resolve_model_dir
-    from server.replay.report import regime_table, table, targets, write_csv
+    from server.replay.report import (
+        language_table,
+        language_targets,
+        predictor_error,
+        quality_table,
+        regime_table,
+        table,
+        targets,
+        write_csv,
+    )
     from server.replay.runner import ReplayConfig
     from server.replay.session import replay_all
     from server.settings import load_settings
 
     configure_logging("text", "INFO")
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    languages = args.trace in ("multilingual", "english")
+    default = "lifecycle,lifecycle:blind" if languages else "lifecycle,cost"
+    policies = [p.strip() for p in (args.policies or default).split(",") if p.strip()]
     if not policies or args.duration <= 0 or args.threads < 1 or args.rounds < 1:
         raise CliError("need at least one policy, --duration > 0, --threads >= 1, --rounds >= 1")
-    if args.trace == "cpu-day":
-        trace, phases = cpu_day(args.duration, peak=args.peak), day_phases(args.duration,
-                                                                        peak=args.peak)
+    if args.trace in ("cpu-day", "multilingual", "english"):
+        trace = TRACES[args.trace](args.duration, peak=args.peak)
+        phases = day_phases(args.duration, peak=args.peak)
     elif args.trace in TRACES:
         trace, phases = TRACES[args.trace](args.duration), None
     else:
@@ -70,9 +86,25 @@ def _run(args: argparse.Namespace) -> None:
     print(table(rows))
     print("\nmeasured cost per regime (steps stamped with trace time):")
     print(regime_table(rows))
+    print("\nserved quality (BPB of each request's held-out continuation, serving head):")
+    print(quality_table(rows))
+    print("\nper language (cost s/MB / served BPB), then where each policy sent it:")
+    print(language_table(rows))
+    aware = next(p for p in policies if not p.endswith(":blind"))
+    err = predictor_error(next(r.real for r in rows if r.policy == aware))
+    if err:
+        print(f"\noutput bytes/token predictor, {aware}, mean absolute relative error over "
+              f"{err['requests']:.0f} requests: router {err['router']:.3f}, prompt alone "
+              f"{err['prompt only']:.3f}")
     print(f"\ntargets (measured; median of {args.rounds} interleaved round(s)):")
-    for name, met, detail in targets(rows, policies):
-        print(f"  {'MET ' if met else 'MISS'} {name}: {detail}")
+    if languages:
+        largest = "static:" + max(ckpt.manifest.heads, key=lambda h: h.vocab_size).name
+        blind = next((p for p in policies if p.endswith(":blind")), "")
+        checks = language_targets(rows, aware, blind, largest, args.trace == "english")
+    else:
+        checks = targets(rows, policies)
+    for name, met, detail in checks:
+        print(f"  {'MET' if met else 'MISSED'} {name}: {detail}")
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, args.out / "bench_replay.csv")
     print(f"wrote {args.out / 'bench_replay.csv'}")

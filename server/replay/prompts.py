@@ -1,22 +1,54 @@
-"""Prompt text for replayed requests: slices of a committed English sample, so every head
-tokenizes the same bytes (the trace gives sizes in bytes, not tokens)."""
+"""Prompt text for replayed requests: slices of committed held-out samples, so every head
+tokenizes the same bytes (the trace gives sizes in bytes, not tokens). English comes from a
+Wikipedia sample; other languages from heads/data/multilingual."""
 
 from __future__ import annotations
 
+import bisect
+from functools import cache
+
+from heads.multilingual import sample
 from heads.tokenizer_training import DATA_DIR
 
 SAMPLE = DATA_DIR / "wiki-sample-b.txt"  # held out from the bytes/token measurement (-a)
+SPACED_SEARCH = 64  # characters to look ahead for a word start
 
 
 class PromptText:
     def __init__(self, text: str | None = None) -> None:
         self._text = " ".join((text or SAMPLE.read_text()).split())  # one line, no runs
+        # _ends[i]: UTF-8 bytes of _text[:i + 1], to cut by bytes at character boundaries.
+        ends, total = [], 0
+        for ch in self._text:
+            total += len(ch.encode())
+            ends.append(total)
+        self._ends = ends
+
+    def _chars(self, start: int, n_bytes: int) -> int:
+        """End index of the longest slice from `start` holding at most `n_bytes`."""
+        base = self._ends[start - 1] if start else 0
+        return max(start + 1, bisect.bisect_right(self._ends, base + n_bytes))
+
+    def _start(self, index: int, span_bytes: int) -> int:
+        span = self._chars(0, span_bytes) if span_bytes < self._ends[-1] else len(self._text)
+        start = (index * 7919) % max(1, len(self._text) - span)
+        space = self._text.find(" ", start)
+        return space + 1 if 0 <= space < start + SPACED_SEARCH else start
 
     def text(self, n_bytes: int, index: int = 0) -> str:
-        """About `n_bytes` of text (ASCII-heavy English: chars ≈ bytes), a different slice
-        per index, starting at a word."""
-        n = max(1, min(n_bytes, len(self._text) - 1))
-        start = (index * 7919) % (len(self._text) - n)
-        space = self._text.find(" ", start)
-        start = space + 1 if 0 <= space < start + 64 else start
-        return self._text[start:start + n]
+        """About `n_bytes` of UTF-8, a different slice per index, starting at a word where the
+        language has spaces."""
+        start = self._start(index, n_bytes)
+        return self._text[start:self._chars(start, n_bytes)]
+
+    def pair(self, prompt_bytes: int, continuation_bytes: int, index: int) -> tuple[str, str]:
+        """A prompt and the text that follows it in the sample (the held-out continuation
+        a served head is scored on)."""
+        start = self._start(index, prompt_bytes + continuation_bytes)
+        cut = self._chars(start, prompt_bytes)
+        return self._text[start:cut], self._text[cut:self._chars(cut, continuation_bytes)]
+
+
+@cache
+def for_language(lang: str) -> PromptText:
+    return PromptText() if lang == "en" else PromptText(sample(lang))

@@ -1,18 +1,24 @@
-"""Tables for `polyhead bench replay`: measured next to simulated, per policy and static head,
-then the measured cost per regime, then the issue's targets checked on the measured runs."""
+"""Tables for `polyhead bench replay`: measured next to simulated, per policy and static head;
+the measured cost per regime; with languages, served quality and cost per language and the
+output-compression predictor's error; then the targets, checked on the measured runs."""
 
 from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from router.simulate.engine import SimResult
-from server.replay.runner import ReplayResult
+from server.replay.runner import ReplayResult, Served
 
 REGIME_SLACK = 1.05  # "within 5% of the best static head for that regime"
+# Targets of a multilingual trace (request-aware routing against its baselines, one run).
+COST_VS_STATIC = 0.85  # request-aware cost <= this × the best static head's
+COST_VS_BLIND = 0.85  # request-aware cost <= this × content-blind routing's
+BPB_VS_LARGEST = 1.05  # non-English served BPB <= this × always-largest-head's
+ENGLISH_VS_STATIC = 1.03  # on an English-only trace: cost <= this × the best static head's
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +99,106 @@ def write_csv(rows: Sequence[Compared], path: Path) -> None:
                 w.writerow([source, r.policy, res.cost_s_per_mb, res.latency(0.5),
                             res.latency(0.99), res.switches, res.max_batch, res.device_s,
                             res.output_bytes, sum(res.requests.values()), *per_regime])
+
+
+def _mean(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def served_bpb(res: ReplayResult, english: bool | None = None, lang: str | None = None) -> float:
+    """Mean BPB of the served requests' continuations (English only, non-English only, or
+    one language)."""
+    return _mean([b for s, b in zip(res.served, res.bpb, strict=True)
+                  if (english is None or (s.lang == "en") == english)
+                  and (lang is None or s.lang == lang)])
+
+
+def lang_cost(res: ReplayResult, lang: str) -> float:
+    """Device-s per MB of one language's output: each request's tokens at its head's busy
+    seconds per token in this run (steps are shared, so time is split by token share)."""
+    mine = [s for s in res.served if s.lang == lang]
+    mb = sum(s.text_bytes for s in mine) / 1e6
+    return sum(s.tokens * res.head_cost_per_token(s.head) for s in mine) / mb if mb else math.nan
+
+
+def languages(rows: Sequence[Compared]) -> list[str]:
+    seen = {s.lang for r in rows for s in r.real.served}
+    return sorted(seen, key=lambda x: (x != "en", x))
+
+
+def quality_table(rows: Sequence[Compared]) -> str:
+    """Served BPB (English, non-English) and share per label."""
+    lines = [f"{'policy':16} {'s/MB':>9} {'p50 s':>7} {'p99 s':>7} {'BPB en':>7} "
+             f"{'BPB non-en':>10}  share"]
+    for r in rows:
+        res = r.real
+        share = " ".join(f"{h}={v:.2f}" for h, v in res.result.share().items())
+        lines.append(f"{r.policy:16} {res.result.cost_s_per_mb:9.4g} "
+                     f"{res.result.latency(0.5):7.3g} {res.result.latency(0.99):7.3g} "
+                     f"{served_bpb(res, True):7.3f} {served_bpb(res, False):10.3f}  {share}")
+    return "\n".join(lines)
+
+
+def language_table(rows: Sequence[Compared]) -> str:
+    """Per language: each label's cost (s/MB) and served BPB, and where it went."""
+    langs = languages(rows)
+    lines = [f"{'lang':6}" + "".join(f" {r.policy[:16]:>16}" for r in rows) + "   (s/MB / BPB)"]
+    for lang in langs:
+        cells = "".join(f" {lang_cost(r.real, lang):8.3g}/{served_bpb(r.real, lang=lang):<7.3f}"
+                        for r in rows)
+        lines.append(f"{lang:6}{cells}")
+    heads = sorted({s.head for r in rows for s in r.real.served})
+    for r in rows:
+        if r.policy.startswith("static:"):
+            continue
+        for lang in langs:
+            n = {h: sum(1 for s in r.real.served if s.lang == lang and s.head == h)
+                 for h in heads}
+            lines.append(f"  {r.policy} {lang}: " + " ".join(f"{h}={c}" for h, c in n.items()))
+    return "\n".join(lines)
+
+
+def predictor_error(res: ReplayResult) -> dict[str, float]:
+    """Mean absolute relative error of output bytes/token predictions on the serving head:
+    the router's (prompt shrunk toward live per-script figures), the prompt's own figure
+    alone, and the manifest's average."""
+    rows = [s for s in res.served if s.tokens and s.predicted_bpt is not None]
+    if not rows:
+        return {}
+
+    def mare(pred: Callable[[Served], float | None]) -> float:
+        errs = [abs(p - s.text_bytes / s.tokens) / (s.text_bytes / s.tokens)
+                for s in rows if (p := pred(s)) is not None]
+        return sum(errs) / len(errs) if errs else math.nan
+
+    return {"requests": float(len(rows)), "router": mare(lambda s: s.predicted_bpt),
+            "prompt only": mare(lambda s: s.prompt_bpt)}
+
+
+def language_targets(rows: Sequence[Compared], aware: str, blind: str, largest: str,
+                     english_only: bool) -> list[tuple[str, bool, str]]:
+    """`largest`: the label of the always-largest-head run, e.g. "static:262k"."""
+    real = {r.policy: r.real for r in rows}
+    cost = {p: res.result.cost_s_per_mb for p, res in real.items()}
+    statics = [p for p in cost if p.startswith("static:")]
+    best = min(statics, key=cost.__getitem__)
+    if english_only:
+        ratio = cost[aware] / cost[best]
+        return [(f"English-only: {aware} <= {ENGLISH_VS_STATIC:g}x the best static head "
+                 f"({best})", ratio <= ENGLISH_VS_STATIC, f"{ratio:.3f}x")]
+    out = []
+    ratio = cost[aware] / cost[best]
+    out.append((f"{aware} <= {COST_VS_STATIC:g}x the best static head's cost ({best})",
+                ratio <= COST_VS_STATIC, f"{cost[aware]:.4g} vs {cost[best]:.4g} s/MB "
+                                         f"({ratio:.3f}x)"))
+    if blind in cost:
+        ratio = cost[aware] / cost[blind]
+        out.append((f"{aware} <= {COST_VS_BLIND:g}x content-blind {blind}'s cost",
+                    ratio <= COST_VS_BLIND, f"{cost[aware]:.4g} vs {cost[blind]:.4g} s/MB "
+                                            f"({ratio:.3f}x)"))
+    mine, ref = served_bpb(real[aware], False), served_bpb(real[largest], False)
+    out.append((f"non-English served BPB of {aware} within {BPB_VS_LARGEST - 1:.0%} of "
+                f"{largest}'s", mine <= BPB_VS_LARGEST * ref,
+                f"{mine:.3f} vs {ref:.3f} ({mine / ref:.3f}x)"))
+    return out

@@ -1,13 +1,18 @@
 """Replay an arrival trace through the real Router and the real local engine, in process.
 
 Per request, as server/service.py does: the engine's live per-head load -> LiveState ->
-Router.decide -> tokenize with the chosen head -> LocalEngine.generate. Arrivals follow the
-trace's clock in real time. Like the simulator, a request's output text (bytes) becomes each
-head's token budget through the manifest's bytes/token; generation is greedy with no stop
-tokens, so every request decodes exactly that budget. Measured cost is busy engine time (the
-engine's own step timings, prefill + decode) per MB of detokenized output text; idle time is
-not charged. KV admission is the engine scheduler's (it queues what does not fit); the
-gateway's AdmissionGate and its 429s are not exercised.
+the prompt tokenized with every head -> Router.decide -> LocalEngine.generate on the chosen
+head's ids; finished requests feed the live output compression. Arrivals follow the trace's
+clock in real time. Each request is a slice of its language's held-out sample
+(server.replay.prompts): the prompt, and the text that follows it, `output_bytes` long. That
+continuation, tokenized by the serving head, sets how many tokens the request decodes
+(greedy, no stop tokens): the same text costs each head its own number of steps. Measured
+cost is busy engine time (the engine's own step timings, prefill + decode) per MB of
+detokenized output text; idle time is not charged. KV admission is the engine scheduler's
+(it queues what does not fit); the gateway's AdmissionGate and its 429s are not exercised.
+
+Served quality is scored after the runs (`score`): the continuation's bits per byte given
+the prompt, under the head that served the request.
 """
 
 from __future__ import annotations
@@ -23,15 +28,17 @@ from typing import Any
 from heads.checkpoint import Checkpoint
 from heads.engine.config import EngineConfig
 from heads.engine.llm_engine import GenerationRequest, LocalEngine, StepTiming
+from heads.prompt_encoder import PromptEncoder
 from kernels.sampling_params import RowParams
 from router.calibration import CalibratedTimer, StepSample
 from router.cost import StepTimer
-from router.profiles import HeadProfile, RequestFeatures
+from router.profiles import HeadProfile, HeadTokens, RequestFeatures
 from router.router import Router
 from router.simulate.engine import SimResult
 from router.simulate.traces import SimRequest
 from router.state import LiveState
-from server.replay.prompts import PromptText
+from server.replay.prompts import for_language
+from server.replay.quality import continuation_bits
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +52,20 @@ class ReplayConfig:
     poll_s: float = 0.1  # step timings are drained and stamped with trace time this often
 
 
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One replayed request: where it went and what it produced."""
+
+    index: int  # position in the trace
+    lang: str
+    head: str
+    tokens: int  # output tokens decoded
+    text_bytes: int  # UTF-8 bytes of their text
+    predicted_bpt: float | None  # the router's output bytes/token prediction on `head`
+    prompt_bpt: float | None  # the prompt's own bytes/token on `head`
+    latency_s: float
+
+
 @dataclass(slots=True)
 class ReplayResult:
     result: SimResult  # the simulator's fields, measured
@@ -53,6 +74,14 @@ class ReplayResult:
     head_tokens: dict[str, int] = field(default_factory=dict)  # output tokens per head
     head_bytes: dict[str, int] = field(default_factory=dict)  # output text bytes per head
     decode_steps: list[StepSample] = field(default_factory=list)  # for calibration
+    served: list[Served] = field(default_factory=list)  # one per request, in arrival order
+    head_s: dict[str, float] = field(default_factory=dict)  # step seconds, by token share
+    bpb: list[float] = field(default_factory=list)  # per served request, once scored
+
+    def head_cost_per_token(self, head: str) -> float:
+        """Busy step seconds per token the head's rows took, prefill steps included."""
+        n = sum(v for (_, h), v in self.regime_tokens.items() if h == head)
+        return self.head_s.get(head, 0.0) / n if n else 0.0
 
     def regime_cost(self, regime: str) -> float:
         """Device-s per MB in one regime: its step time over its tokens × measured B/token."""
@@ -71,7 +100,9 @@ class Replayer:
         self.engine = LocalEngine(ckpt.model, EngineConfig(
             kv_cache_bytes=cfg.kv_cache_mb << 20, max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=4096))
-        self.prompts = PromptText()
+        self.encoder = PromptEncoder(ckpt.tokenizers,
+                                     {h.name: h.bos_token_id for h in ckpt.manifest.heads})
+        self._bits: dict[tuple[int, str], tuple[float, int]] = {}  # (index, head) -> bits, B
 
     @property
     def kv_tokens(self) -> int:
@@ -81,21 +112,21 @@ class Replayer:
         """One short request per head: first-step allocations are not charged to a run."""
         await self.engine.start()
         for h in self.profiles:
-            await self._generate(h, self._ids(h, 64), 4)
+            ids = self.encoder.encode([for_language("en").text(64)], False, [h]).heads[h].ids[0]
+            await self._generate(h, list(ids), 4)
         self.engine.drain_step_timings()
 
     async def close(self) -> None:
+        self.encoder.close()
         await self.engine.shutdown()
-
-    def _ids(self, head: str, n_bytes: int, index: int = 0) -> list[int]:
-        spec = self.ckpt.manifest.head(head)
-        ids = self.ckpt.tokenizers[head].encode(self.prompts.text(n_bytes, index))
-        return ids if spec.bos_token_id is None else [spec.bos_token_id, *ids]
 
     async def _generate(self, head: str, ids: list[int], n: int) -> list[int]:
         req = GenerationRequest(f"replay-{time.perf_counter_ns()}", head, tuple(ids), n,
                                 RowParams(temperature=0.0), frozenset())
         return [e.token_id async for e in self.engine.generate(req)]
+
+    def texts(self, r: SimRequest, index: int) -> tuple[str, str]:
+        return for_language(r.lang).pair(r.prompt_bytes, r.output_bytes, index)
 
     async def run(self, trace: Sequence[SimRequest], policy_doc: Mapping[str, Any], label: str,
                   regime_of: Callable[[float], str]) -> ReplayResult:
@@ -120,24 +151,36 @@ class Replayer:
                 await asyncio.sleep(self.cfg.poll_s)
                 drain()
 
-        async def serve(r: SimRequest, index: int) -> None:
+        async def serve(r: SimRequest, index: int) -> Served:
             loads = self.engine.head_load()
             state.set_loads({h: (x.running, x.waiting) for h, x in loads.items()})
-            d = router.decide(RequestFeatures(r.prompt_bytes, r.max_tokens))
+            prompt, continuation = self.texts(r, index)
+            enc = self.encoder.encode([prompt], chat=False)
+            tokens = {h: HeadTokens(p.tokens, p.fallback_bytes) for h, p in enc.heads.items()}
+            d = router.decide(RequestFeatures(enc.prompt_bytes, r.max_tokens, None, tokens,
+                                              enc.script))
             if last[0] is not None and d.head != last[0]:
                 out.result.switches += 1
             last[0] = d.head
-            bpt = self.profiles[d.head].bpt
-            n = min(r.max_tokens, max(1, math.ceil(r.output_bytes / bpt)))
-            ids = self._ids(d.head, r.prompt_bytes, index)
-            tokens = await self._generate(d.head, ids, n)
-            text = len(self.ckpt.tokenizers[d.head].decode(tokens).encode())
-            out.result.latencies.append(clock() - r.arrival_s)
+            # The continuation in this head's tokens: what writing that text costs it.
+            n = len(self.ckpt.tokenizers[d.head].encode(continuation))
+            n = min(r.max_tokens, max(1, n))
+            out_ids = await self._generate(d.head, list(enc.heads[d.head].ids[0]), n)
+            text = len(self.ckpt.tokenizers[d.head].decode(out_ids).encode())
+            latency = clock() - r.arrival_s
+            out.result.latencies.append(latency)
             out.result.output_bytes += text
             out.result.requests[d.head] += 1
-            out.head_tokens[d.head] += len(tokens)
+            out.head_tokens[d.head] += len(out_ids)
             out.head_bytes[d.head] += text
-            state.add_served(d.head, r.prompt_bytes + text, len(ids) + len(tokens))
+            state.add_served(d.head, enc.prompt_bytes + text,
+                             enc.heads[d.head].tokens + len(out_ids))
+            if out_ids:
+                state.add_output(d.head, enc.script, text, len(out_ids))
+            seen = d.request.get("heads", {}).get(d.head, {})
+            return Served(index, r.lang, d.head, len(out_ids), text,
+                          seen.get("predicted_bytes_per_token"),
+                          seen.get("prompt_bytes_per_token"), latency)
 
         last: list[str | None] = [None]
         poller = asyncio.create_task(poll())
@@ -146,20 +189,33 @@ class Replayer:
             await asyncio.sleep(max(0.0, r.arrival_s - clock()))
             tasks.append(asyncio.create_task(serve(r, i)))
         try:
-            await asyncio.gather(*tasks)
+            out.served = list(await asyncio.gather(*tasks))
         finally:
             poller.cancel()
         drain()
         return out
+
+    def score(self, trace: Sequence[SimRequest], pairs: set[tuple[int, str]]) -> None:
+        """Bits of each (request, head)'s continuation given its prompt, cached."""
+        for index, head in sorted(pairs - set(self._bits)):
+            prompt, continuation = self.texts(trace[index], index)
+            self._bits[index, head] = (continuation_bits(self.ckpt, head, prompt, continuation),
+                                       len(continuation.encode()))
+
+    def served_bpb(self, served: Served) -> float:
+        bits, n = self._bits[served.index, served.head]
+        return bits / n if n else math.nan
 
 
 def _account(out: ReplayResult, t: StepTiming, regime: str, timer: StepTimer) -> None:
     out.result.device_s += t.seconds
     out.result.steps += 1
     out.regime_s[regime] = out.regime_s.get(regime, 0.0) + t.seconds
+    rows = sum(n for _, n, _ in t.groups) or 1
     for head, n, _ in t.groups:  # every step, prefill included, samples one token per row
         key = (regime, head)
         out.regime_tokens[key] = out.regime_tokens.get(key, 0) + n
+        out.head_s[head] = out.head_s.get(head, 0.0) + t.seconds * n / rows
     if not t.prefill:
         out.result.max_batch = max(out.result.max_batch, sum(n for _, n, _ in t.groups))
         sample = StepSample(t.groups, t.seconds)

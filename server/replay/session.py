@@ -27,10 +27,11 @@ log = logging.getLogger(__name__)
 
 async def replay_all(ckpt: Checkpoint, trace: Sequence[SimRequest], policies: Sequence[str],
                      cfg: ReplayConfig, regime_of: Callable[[float], str],
-                     calibration: Path | None = None, rounds: int = 1) -> list[Compared]:
+                     calibration: Path | None = None, rounds: int = 1,
+                     score: bool = True) -> list[Compared]:
     """`rounds` > 1 replays every label that many times, interleaved (A B C A B C ...), so
     slow drifts of a shared machine hit every label alike; each label keeps its median-cost
-    run."""
+    run. `score`: the served quality of each kept run (server.replay.quality)."""
     profiles = head_profiles(ckpt.manifest, "float32")
     device = device_spec("auto")
     heads = [p.name for p in profiles]
@@ -53,10 +54,15 @@ async def replay_all(ckpt: Checkpoint, trace: Sequence[SimRequest], policies: Se
                 log.info("replay %s (round %d/%d): %.4g s/MB, %d requests, %d steps", label,
                          i + 1, rounds, res.result.cost_s_per_mb, len(res.result.latencies),
                          res.result.steps)
+        real = {label: sorted(rs, key=lambda r: r.result.cost_s_per_mb)[len(rs) // 2]
+                for label, rs in runs.items()}
+        if score:  # after the timed runs, so scoring never competes with them for the CPU
+            replayer.score(trace, {(s.index, s.head) for res in real.values()
+                                   for s in res.served})
+            for res in real.values():
+                res.bpb = [replayer.served_bpb(s) for s in res.served]
     finally:
         await replayer.close()
-    real = {label: sorted(rs, key=lambda r: r.result.cost_s_per_mb)[len(rs) // 2]
-            for label, rs in runs.items()}
 
     fitted = CalibratedTimer(device, profiles)
     seed_timer(fitted, (s for res in real.values() for s in res.decode_steps))

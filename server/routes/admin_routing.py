@@ -9,6 +9,7 @@ import math
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict
 
+from router.planner.live import DEFAULT_MFU, live_plan_json
 from router.store import StateSync
 from server.deps import AdminDep, ServiceDep
 from server.errors import BadRequest
@@ -39,6 +40,18 @@ def lambda_view(svc: ServiceDep) -> dict:
                           "served_tokens": snap.served_tokens[h],
                           "training_bytes": snap.training_bytes[h]}
                       for h in svc.router.heads}}
+
+
+@router.get("/plan")
+async def live_plan(_: AdminDep, svc: ServiceDep,
+                    mfu: float = Query(default=DEFAULT_MFU, gt=0, le=1)) -> dict:
+    """The lifecycle-optimal V at the live B distribution and λ, and each head's break-even λ
+    (router.planner.live): a planning view; routing itself treats existing heads as sunk."""
+    r = svc.router
+    snap = svc.state.snapshot()
+    recent = [(f, int(d.inputs.get("batch", 1))) for f, d in r.recent()]
+    training = max(snap.training_bytes.values(), default=0.0) or None
+    return live_plan_json(r.profiles, r.timer, recent, snap.effective_lam(), training, mfu)
 
 
 @router.get("/lambda")

@@ -1,0 +1,41 @@
+"""Served quality in a replay: how well a head predicts the text that really followed the
+prompt, in bits per byte, so heads with different segmentations compare on the same bytes."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+
+from heads.checkpoint import Checkpoint
+from heads.evaluate import forward_hidden
+
+log = logging.getLogger(__name__)
+
+LOGIT_ROWS = 128  # [128, V] fp32 logits at a time: 128 MB at V = 262k
+
+
+@torch.inference_mode()
+def continuation_bits(ckpt: Checkpoint, head: str, prompt: str, continuation: str) -> float:
+    """Σ −log2 p(continuation tokens | BOS, prompt) under `head`.
+
+    Prompt and continuation are tokenized apart and joined, so the scored tokens spell
+    exactly the continuation's bytes on every head.
+    """
+    tok, spec = ckpt.tokenizers[head], ckpt.manifest.head(head)
+    ctx = ([] if spec.bos_token_id is None else [spec.bos_token_id]) + tok.encode(prompt)
+    target = tok.encode(continuation)
+    if not target:
+        return 0.0
+    if not ctx:  # nothing predicts the first token; score the rest
+        ctx, target = target[:1], target[1:]
+    hidden = forward_hidden(ckpt, head, ctx + target)[len(ctx) - 1:-1].float()  # [T, d]
+    w = ckpt.model.unembedding_rows(head).float()  # [V, d]: bf16 logits would round ~0.1 nat
+    ids = torch.tensor(target, device=hidden.device)
+    nats = 0.0
+    for r in range(0, hidden.shape[0], LOGIT_ROWS):
+        logits = hidden[r:r + LOGIT_ROWS] @ w.T
+        nats += float(F.cross_entropy(logits, ids[r:r + LOGIT_ROWS], reduction="sum"))
+    return nats / math.log(2)
