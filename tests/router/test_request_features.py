@@ -1,0 +1,143 @@
+"""Request-aware routing: per-request features, the output-compression predictor, the BPB
+penalty bound, marginal pricing under the live mix, and the decision record."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.compression import LIVE_WEIGHT_CAP, predict_output_bpt, stat_key
+from router.cost import AnalyticTimer, Group, marginal_step_s, request_cost_per_byte
+from router.devices import DEVICES
+from router.profiles import HeadTokens, RequestFeatures
+from router.router import Router
+from router.segmentation import PenaltyFit, excluded_by_bound, penalties
+from router.state import LiveState
+from tests.router.helpers import heads
+
+CPU = DEVICES["cpu"]
+FIT = PenaltyFit(per_extra_token=1.0, per_fallback_share=2.0)
+
+
+def russian(prompt_bytes: int = 1200) -> RequestFeatures:
+    """A Cyrillic prompt: the 32k head spells it byte by byte, 262k packs ~8.5 B/token."""
+    return RequestFeatures(prompt_bytes, 64, tokens={
+        "32k": HeadTokens(prompt_bytes, fallback_bytes=prompt_bytes),
+        "131k": HeadTokens(prompt_bytes // 2),
+        "262k": HeadTokens(prompt_bytes * 2 // 17)}, script="cyrillic")
+
+
+def english(prompt_bytes: int = 1200) -> RequestFeatures:
+    """Compresses as the heads' manifest figures say (3.9 / 4.4 / 4.6 B/token)."""
+    return RequestFeatures(prompt_bytes, 64, tokens={
+        "32k": HeadTokens(round(prompt_bytes / 3.9)), "131k": HeadTokens(round(prompt_bytes / 4.4)),
+        "262k": HeadTokens(round(prompt_bytes / 4.6))}, script="latin")
+
+
+def test_features_report_each_heads_compression_and_fallback() -> None:
+    f = russian()
+    assert f.prompt_bpt("32k") == 1.0 and f.prompt_bpt("262k") == pytest.approx(1200 / 141)
+    assert f.fallback_share("32k") == 1.0 and f.fallback_share("262k") == 0.0
+    assert f.prompt_bpt("9k") is None  # a head that did not tokenize it
+    with pytest.raises(ValueError):
+        HeadTokens(-1)
+
+
+def test_prediction_is_the_prompt_without_live_data_and_shrinks_toward_it() -> None:
+    head = heads()[0]  # 32k, manifest 3.9 B/token
+    f = english(390)  # 100 prompt tokens at 3.9 B/token
+    assert predict_output_bpt(head, f, {}, {}) == pytest.approx(3.9)
+    key = stat_key("32k", "latin")
+    # Live: 3.0 B/token over 100 output tokens -> weight 100 against the prompt's 100.
+    assert predict_output_bpt(head, f, {key: 300}, {key: 100}) == pytest.approx(3.45)
+    # The live figure weighs at most LIVE_WEIGHT_CAP tokens, whatever it has seen.
+    huge = predict_output_bpt(head, f, {key: 3 * 10**6}, {key: 10**6})
+    cap = LIVE_WEIGHT_CAP
+    assert huge == pytest.approx((100 * 3.9 + cap * 3.0) / (100 + cap))
+    # Another script's figure does not leak in; without tokens, live, then the manifest.
+    assert predict_output_bpt(head, russian(), {key: 300}, {key: 100}) == pytest.approx(1.0)
+    blind = RequestFeatures(440, 64, script="latin")
+    assert predict_output_bpt(head, blind, {key: 300}, {key: 100}) == pytest.approx(3.0)
+    assert predict_output_bpt(head, RequestFeatures(440, 64), {}, {}) == head.bpt
+
+
+def test_penalty_grows_with_extra_tokens_and_byte_fallback() -> None:
+    pen = penalties(heads(), russian(), FIT)
+    assert pen["262k"] == 0.0  # the native head is the reference
+    assert pen["131k"] == pytest.approx(600 / 141 - 1)
+    assert pen["32k"] == pytest.approx((1200 / 141 - 1) + 2.0)
+    assert penalties(heads(), RequestFeatures(10, 10), FIT) == {}  # not tokenized: no view
+    out = excluded_by_bound(pen, 0.5)
+    assert set(out) == {"32k", "131k"} and out["32k"] > out["131k"] > 0.5
+    assert excluded_by_bound(pen, None) == {}
+    assert excluded_by_bound(penalties(heads(), english(), FIT), 0.5) == {}
+
+
+def test_fit_recovers_coefficients_and_never_rewards_fallback() -> None:
+    points = [(x, f, 1.5 * x + 0.7 * f) for x, f in [(0.1, 0.0), (0.5, 0.0), (1.0, 0.9),
+                                                       (0.3, 0.2), (2.0, 1.0)]]
+    fit = PenaltyFit.fit(points)
+    assert fit.per_extra_token == pytest.approx(1.5)
+    assert fit.per_fallback_share == pytest.approx(0.7)
+    no_fallback = PenaltyFit.fit([(0.2, 0.0, 0.4), (0.5, 0.0, 1.0)])
+    assert no_fallback == PenaltyFit(2.0, 0.0)
+    negative = PenaltyFit.fit([(0.5, 0.5, 0.5), (1.0, 0.1, 1.0), (0.2, 0.9, 0.2)])
+    assert negative.per_fallback_share >= 0 and negative.per_extra_token >= 0
+
+
+def test_joining_a_running_group_shares_its_read() -> None:
+    timer = AnalyticTimer(CPU)
+    big = heads()[2]
+    ctx = 300.0
+    alone = marginal_step_s(big, timer, (), ctx)
+    joined = marginal_step_s(big, timer, (Group(big, 8, ctx),), ctx)
+    assert joined < alone / 5  # the V×d read is already paid by the running group
+    opened = marginal_step_s(big, timer, (Group(heads()[0], 8, ctx),), ctx)
+    assert opened > joined  # a new group adds its whole unembedding read to every step
+    f = english()
+    assert request_cost_per_byte(big, timer, (Group(big, 8, ctx),), f) < \
+        request_cost_per_byte(big, timer, (Group(heads()[0], 8, ctx),), f)
+
+
+def _router(doc: dict | None = None) -> tuple[Router, LiveState]:
+    profiles = heads()
+    state = LiveState.for_profiles(profiles)
+    return Router(profiles, CPU, state, doc or {"name": "cost"}, quality_fit=FIT), state
+
+
+def test_router_records_per_head_tokens_and_the_bound() -> None:
+    router, _ = _router()
+    d = router.decide(russian())
+    assert d.head == "262k" and d.code in ("quality_bound", "content", "best")
+    rec = d.to_record()["request"]
+    assert rec["script"] == "cyrillic" and set(rec["excluded"]) == {"32k", "131k"}
+    assert {h: v["prompt_tokens"] for h, v in rec["heads"].items()} == \
+        {"32k": 1200, "131k": 600, "262k": 141}
+    assert all(v["predicted_bytes_per_token"] for v in rec["heads"].values())
+    e = router.decide(english())
+    assert e.head != "262k" and e.request["excluded"] == {}
+
+
+def test_content_overrides_the_regime_without_moving_it() -> None:
+    router, state = _router({"name": "cost", "params": {"max_bpb_loss": None}})
+    first = router.decide(english())
+    assert first.head == "32k" and first.code == "best"
+    moved = router.decide(russian())
+    assert moved.head != "32k" and moved.code == "content" and "regime" in moved.reason
+    held = router.active_policy.stability.held  # type: ignore[attr-defined]
+    assert held == "32k" and router.active_policy.stability.switches == 0  # type: ignore
+    assert router.decide(english()).head == "32k"
+
+
+def test_blind_features_ignore_the_request() -> None:
+    router, _ = _router({"name": "cost", "params": {"features": "blind"}})
+    assert not router.request_aware
+    d = router.decide(russian())
+    assert d.head == "32k" and d.request["heads"] == {}
+
+
+def test_bound_applies_to_policies_that_do_not_price_requests() -> None:
+    router, _ = _router({"name": "threshold", "params": {"batch_low": 4}})
+    d = router.decide(russian())
+    assert d.head == "262k" and d.code == "quality_bound" and "quality bound" in d.reason
+    pinned = router.decide(RequestFeatures(1200, 64, "32k", russian().tokens, "cyrillic"))
+    assert pinned.head == "32k"  # a request pin overrides the bound as it overrides policy
