@@ -59,6 +59,29 @@ class PenaltyFit:
 DEFAULT_FIT = PenaltyFit(per_extra_token=1.0, per_fallback_share=1.0)
 
 
+def fit_points(by_source: Mapping[str, Mapping[str, Mapping[str, float]]],
+               vocab: Mapping[str, int]) -> list[tuple[str, str, float, float, float]]:
+    """(source, head, extra, fallback, observed penalty) from an evaluation table: source ->
+    head -> {bytes_per_token, byte_fallback_share (of tokens), bpb}, as `polyhead heads eval`
+    writes it (eval-by-source.json); `vocab`: head -> V, to find the native head."""
+    out = []
+    for source, row in by_source.items():
+        heads = [h for h in row if h in vocab]
+        if len(heads) < 2:
+            continue
+        native = max(heads, key=vocab.__getitem__)
+        ref = row[native]
+        for h in heads:
+            if h == native:
+                continue
+            x = row[h]
+            bpt = float(x["bytes_per_token"])
+            extra = float(ref["bytes_per_token"]) / bpt - 1.0
+            fallback = float(x.get("byte_fallback_share", 0.0)) / bpt  # of tokens -> of bytes
+            out.append((source, h, extra, fallback, float(x["bpb"]) / float(ref["bpb"]) - 1.0))
+    return out
+
+
 def penalties(profiles: Sequence[HeadProfile], features: RequestFeatures,
               fit: PenaltyFit) -> dict[str, float]:
     """head -> predicted relative BPB penalty; empty when the prompt was not tokenized."""

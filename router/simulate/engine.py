@@ -94,6 +94,9 @@ class SimEngine:
         self.profiles = {p.name: p for p in profiles}
         self.timer = score_timer or timer  # what steps cost
         self.texts = texts or {}
+        for lang, spell in self.texts.items():
+            if missing := set(self.profiles) - set(spell):
+                raise ValueError(f"texts[{lang!r}] does not spell heads {sorted(missing)}")
         self.now = 0.0
         self.state = LiveState.for_profiles(profiles, window_s=5.0)
         self.state.set_lambda_forecast(lambda_forecast)
@@ -121,7 +124,7 @@ class SimEngine:
         else:
             tokens = {h: HeadTokens(max(1, math.ceil(r.prompt_bytes / x.bytes_per_token)),
                                     round(x.fallback_share * r.prompt_bytes))
-                      for h, x in spell.items() if h in self.profiles}
+                      for h, x in spell.items()}
             features = RequestFeatures(r.prompt_bytes, r.max_tokens, None, tokens, r.lang)
         d = self.router.decide(features)
         if last[0] is not None and d.head != last[0]:

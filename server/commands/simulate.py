@@ -1,16 +1,27 @@
 """polyhead simulate: replay a trace through the real router, for every policy and every
-static head, on one or more device profiles; print a table, write CSV and PNG."""
+static head, on one or more device profiles; print a table, write CSV and PNG.
+
+The router decides with the analytic cost model. Scoring it with that same model would
+make "lifecycle <= best static head" true by construction, so with `--calibration` every
+run is charged twice: by the analytic model (self-scored, for comparison) and by the step
+times measured on the real engine (the honest figure). Traces with languages
+(multilingual, english) are tokenized per head as each head of `--model` spells the
+committed sample of that language.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from router.calibration_file import read_step_samples, timer_from_file
+from router.cost import AnalyticTimer
 from router.devices import lookup_device
-from router.simulate.compare import Row, best_static, compare, write_csv
+from router.simulate.compare import POLICIES, Row, best_static, compare, write_csv
+from router.simulate.engine import Texts
 from router.simulate.traces import TRACES, SimRequest, load_trace
 
 log = logging.getLogger(__name__)
@@ -29,6 +40,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="step samples from `polyhead bench engine --calibration-out`: simulate "
                         "that model's heads on the measured device, with calibrated step times "
                         "(--device is then ignored)")
+    p.add_argument("--model", default="gemma3-270m",
+                   help="whose heads spell the languages of a multilingual trace (built-in "
+                        "name or checkpoint directory)")
+    p.add_argument("--policies", default=None,
+                   help="comma-separated; default lifecycle,cost,threshold,weighted (with "
+                        "languages: lifecycle,lifecycle:blind)")
     p.add_argument("--out", type=Path, default=Path("simulate-out"))
     p.add_argument("--no-plot", action="store_true")
     p.set_defaults(run=run)
@@ -75,16 +92,44 @@ def plot(rows: Sequence[Row], path: Path) -> None:
     plt.close(fig)
 
 
+def _texts(model: str) -> Texts:
+    from heads.checkpoint import load_metadata
+    from heads.multilingual import languages
+    from heads.prompt_encoder import PromptEncoder
+    from server.model_source import resolve_model_dir
+    from server.replay.prompts import spellings
+    from server.settings import load_settings
+
+    manifest, toks = load_metadata(resolve_model_dir(model, load_settings(None).cache_dir))
+    encoder = PromptEncoder(toks, {h.name: h.bos_token_id for h in manifest.heads})
+    try:
+        return spellings(encoder, languages())
+    finally:
+        encoder.close()
+
+
 def run(args: argparse.Namespace) -> None:
     name, trace = _trace(args.trace, args.duration)
+    langs = args.trace in ("multilingual", "english") or any(r.lang != "en" for r in trace)
+    texts = _texts(args.model) if langs else None
+    default = "lifecycle,lifecycle:blind" if langs else ",".join(POLICIES)
+    policies = [p.strip() for p in (args.policies or default).split(",") if p.strip()]
     rows: list[Row] = []
     if args.calibration is not None:
         data = read_step_samples(args.calibration)
-        timer = timer_from_file(args.calibration)
-        rows = compare(trace, name, data.device, data.heads, lam=args.lam, timer=timer)
-        print_table(rows)
+        analytic = AnalyticTimer(data.device)
+        measured = timer_from_file(args.calibration)
+        for label, score in (("self-scored", analytic), ("measured", measured)):
+            print(f"\nrouted by the analytic model, charged by {label} step times:")
+            scored = compare(trace, name, data.device, data.heads, lam=args.lam,
+                             policies=policies, timer=analytic, score_timer=score,
+                             texts=texts)
+            scored = [dataclasses.replace(r, device=f"{r.device}/{label}") for r in scored]
+            print_table(scored)
+            rows.extend(scored)
     for dev in args.device.split(",") if args.calibration is None else ():
-        device_rows = compare(trace, name, lookup_device(dev.strip()), lam=args.lam)
+        device_rows = compare(trace, name, lookup_device(dev.strip()), lam=args.lam,
+                              policies=policies, texts=texts)
         print_table(device_rows)
         rows.extend(device_rows)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -5,10 +5,13 @@ Wikipedia sample; other languages from heads/data/multilingual."""
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from functools import cache
 
 from heads.multilingual import sample
+from heads.prompt_encoder import PromptEncoder
 from heads.tokenizer_training import DATA_DIR
+from router.simulate.engine import Spelling, Texts
 
 SAMPLE = DATA_DIR / "wiki-sample-b.txt"  # held out from the bytes/token measurement (-a)
 SPACED_SEARCH = 64  # characters to look ahead for a word start
@@ -23,6 +26,10 @@ class PromptText:
             total += len(ch.encode())
             ends.append(total)
         self._ends = ends
+
+    @property
+    def whole(self) -> str:
+        return self._text
 
     def _chars(self, start: int, n_bytes: int) -> int:
         """End index of the longest slice from `start` holding at most `n_bytes`."""
@@ -52,3 +59,17 @@ class PromptText:
 @cache
 def for_language(lang: str) -> PromptText:
     return PromptText() if lang == "en" else PromptText(sample(lang))
+
+
+def spellings(encoder: PromptEncoder, langs: Iterable[str]) -> Texts:
+    """How each head spells each language's sample: bytes/token and byte-fallback share, for
+    the simulator (router.simulate.engine.Spelling)."""
+    out: dict[str, dict[str, Spelling]] = {}
+    for lang in langs:
+        text = for_language(lang).whole
+        enc = encoder.encode([text], chat=False)
+        n = enc.prompt_bytes
+        bos = encoder.bos_ids
+        out[lang] = {h: Spelling(n / max(1, p.tokens - (bos.get(h) is not None)),
+                                 p.fallback_bytes / n) for h, p in enc.heads.items()}
+    return out
