@@ -10,12 +10,12 @@ from router.cost import AnalyticTimer, Group, marginal_step_s, request_cost_per_
 from router.devices import DEVICES
 from router.profiles import HeadTokens, RequestFeatures
 from router.router import Router
-from router.segmentation import PenaltyFit, excluded_by_bound, penalties
+from router.segmentation import PenaltyFit, excluded_by_bound, fit_points, penalties
 from router.state import LiveState
 from tests.router.helpers import heads
 
 CPU = DEVICES["cpu"]
-FIT = PenaltyFit(per_extra_token=1.0, per_fallback_share=2.0)
+FIT = PenaltyFit(per_split=1.0, per_fallback_share=2.0)
 
 
 def russian(prompt_bytes: int = 1200) -> RequestFeatures:
@@ -63,8 +63,8 @@ def test_prediction_is_the_prompt_without_live_data_and_shrinks_toward_it() -> N
 def test_penalty_grows_with_extra_tokens_and_byte_fallback() -> None:
     pen = penalties(heads(), russian(), FIT)
     assert pen["262k"] == 0.0  # the native head is the reference
-    assert pen["131k"] == pytest.approx(600 / 141 - 1)
-    assert pen["32k"] == pytest.approx((1200 / 141 - 1) + 2.0)
+    assert pen["131k"] == pytest.approx(1 - 141 / 600)
+    assert pen["32k"] == pytest.approx((1 - 141 / 1200) + 2.0)
     assert penalties(heads(), RequestFeatures(10, 10), FIT) == {}  # not tokenized: no view
     out = excluded_by_bound(pen, 0.5)
     assert set(out) == {"32k", "131k"} and out["32k"] > out["131k"] > 0.5
@@ -72,16 +72,28 @@ def test_penalty_grows_with_extra_tokens_and_byte_fallback() -> None:
     assert excluded_by_bound(penalties(heads(), english(), FIT), 0.5) == {}
 
 
+def test_fit_points_from_an_evaluation_table() -> None:
+    table = {"ru": {"32k": {"bytes_per_token": 1.0, "byte_fallback_share": 0.9, "bpb": 3.0},
+                    "262k": {"bytes_per_token": 8.0, "byte_fallback_share": 0.0, "bpb": 0.75}},
+             "only-one-head": {"32k": {"bytes_per_token": 4.0, "bpb": 1.0}}}
+    pts = fit_points(table, {"32k": 32768, "262k": 262144})
+    assert len(pts) == 1
+    source, head, split, fallback, observed = pts[0]
+    assert (source, head) == ("ru", "32k")
+    assert split == pytest.approx(1 - 1 / 8) and fallback == pytest.approx(0.9)
+    assert observed == pytest.approx(3.0)
+
+
 def test_fit_recovers_coefficients_and_never_rewards_fallback() -> None:
     points = [(x, f, 1.5 * x + 0.7 * f) for x, f in [(0.1, 0.0), (0.5, 0.0), (1.0, 0.9),
                                                        (0.3, 0.2), (2.0, 1.0)]]
     fit = PenaltyFit.fit(points)
-    assert fit.per_extra_token == pytest.approx(1.5)
+    assert fit.per_split == pytest.approx(1.5)
     assert fit.per_fallback_share == pytest.approx(0.7)
     no_fallback = PenaltyFit.fit([(0.2, 0.0, 0.4), (0.5, 0.0, 1.0)])
     assert no_fallback == PenaltyFit(2.0, 0.0)
     negative = PenaltyFit.fit([(0.5, 0.5, 0.5), (1.0, 0.1, 1.0), (0.2, 0.9, 0.2)])
-    assert negative.per_fallback_share >= 0 and negative.per_extra_token >= 0
+    assert negative.per_fallback_share >= 0 and negative.per_split >= 0
 
 
 def test_joining_a_running_group_shares_its_read() -> None:
@@ -101,7 +113,8 @@ def test_joining_a_running_group_shares_its_read() -> None:
 def _router(doc: dict | None = None) -> tuple[Router, LiveState]:
     profiles = heads()
     state = LiveState.for_profiles(profiles)
-    return Router(profiles, CPU, state, doc or {"name": "cost"}, quality_fit=FIT), state
+    doc = doc or {"name": "cost", "params": {"max_bpb_loss": 0.5}}
+    return Router(profiles, CPU, state, doc, quality_fit=FIT), state
 
 
 def test_router_records_per_head_tokens_and_the_bound() -> None:
@@ -136,7 +149,7 @@ def test_blind_features_ignore_the_request() -> None:
 
 
 def test_bound_applies_to_policies_that_do_not_price_requests() -> None:
-    router, _ = _router({"name": "threshold", "params": {"batch_low": 4}})
+    router, _ = _router({"name": "threshold", "params": {"batch_low": 4, "max_bpb_loss": 0.5}})
     d = router.decide(russian())
     assert d.head == "262k" and d.code == "quality_bound" and "quality bound" in d.reason
     pinned = router.decide(RequestFeatures(1200, 64, "32k", russian().tokens, "cyrillic"))
