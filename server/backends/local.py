@@ -15,6 +15,7 @@ from heads.engine.llm_engine import (
     TokenEvent,
 )
 from heads.model import MultiHeadModel
+from kernels.sampling_params import RowParams
 
 
 class LocalBackend:
@@ -22,10 +23,24 @@ class LocalBackend:
         if torch_threads:
             # Set here, not at import: the thread count is an operator choice per process.
             torch.set_num_threads(torch_threads)
+        self.model = model
         self.engine = LocalEngine(model, config)
 
     async def start(self) -> None:
         await self.engine.start()
+        await self._warm_up()
+
+    async def _warm_up(self) -> None:
+        """Two greedy tokens per head before the gateway is ready. The first steps pay for
+        allocations and lazy initialisation; measured, they would teach the router's
+        calibration that a step costs many times what it does, so their timings are dropped."""
+        for spec in self.model.manifest.heads:
+            first = spec.bos_token_id if spec.bos_token_id is not None else spec.eos_token_ids[0]
+            req = GenerationRequest(f"warm-up-{spec.name}", spec.name, (first,), 2,
+                                    RowParams(temperature=0.0), frozenset())
+            async for _ in self.engine.generate(req):
+                pass
+        self.engine.drain_step_timings()
 
     async def stop(self) -> None:
         await self.engine.shutdown()
