@@ -22,6 +22,7 @@ from server.backends.factory import make_backend
 from server.body_limit import BodyLimitMiddleware
 from server.errors import install_error_handlers
 from server.gateway_middleware import GatewayMiddleware
+from server.ignored_fields import IgnoredFields
 from server.lifecycle import Lifecycle, Phase
 from server.metrics import Metrics
 from server.model_source import resolve_model_dir
@@ -96,6 +97,7 @@ def create_app(settings: Settings, *, span_exporter: Any | None = None) -> FastA
     app.state.ops = AsyncExitStack()  # services entered in the lifespan, closed in reverse
     app.state.admin_keys = admin_keyring(settings)
     app.state.client_keys = client_keyring(settings)
+    app.state.ignored_fields = IgnoredFields()
     app.state.audit = AuditLog(settings.audit_log or settings.cache_dir / "audit.jsonl")
     install_error_handlers(app)
     for r in (openai_api.router, models.router, health.router, metrics.router, admin.router,

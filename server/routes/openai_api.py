@@ -30,7 +30,8 @@ async def completions(body: CompletionRequest, request: Request, svc: ServiceDep
     plan = svc.plan_completion(body)
     await _admit(plan, client, guard, request, body)
     plan = await svc.admit(plan)  # KV admission: may wait, spill, or raise 429
-    return await _respond(plan, body.stream, request, svc)
+    return await _respond(plan, body.stream, request, svc,
+                          request.app.state.ignored_fields.headers(body))
 
 
 @router.post("/v1/chat/completions")
@@ -40,7 +41,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, svc: S
     plan = svc.plan_chat(body)
     await _admit(plan, client, guard, request, body)
     plan = await svc.admit(plan)  # KV admission: may wait, spill, or raise 429
-    return await _respond(plan, body.stream, request, svc)
+    return await _respond(plan, body.stream, request, svc,
+                          request.app.state.ignored_fields.headers(body))
 
 
 async def _admit(plan: Plan, client: str, guard: GuardDep, request: Request,
@@ -52,7 +54,8 @@ async def _admit(plan: Plan, client: str, guard: GuardDep, request: Request,
                  body.model_dump_json(include={"prompt", "messages"}))
 
 
-async def _respond(plan: Plan, stream: bool, request: Request, svc: GatewayService):
+async def _respond(plan: Plan, stream: bool, request: Request, svc: GatewayService,
+                   extra_headers: dict[str, str]):
     outcomes = [Outcome() for _ in plan.jobs]
     tok = svc.tokenizers[plan.head]
 
@@ -65,7 +68,8 @@ async def _respond(plan: Plan, stream: bool, request: Request, svc: GatewayServi
         body = _observed(sse_stream(plan, svc.stream(plan, outcomes), outcomes, token_text),
                          plan, outcomes, svc)
         return StreamingResponse(body, media_type="text/event-stream",
-                                 headers={**plan.headers(), "cache-control": "no-cache"})
+                                 headers={**plan.headers(), **extra_headers,
+                                          "cache-control": "no-cache"})
     collector = Collector(plan, token_text)
 
     async def collect() -> None:
@@ -76,7 +80,7 @@ async def _respond(plan: Plan, stream: bool, request: Request, svc: GatewayServi
         await _until_disconnect(collect(), request)
     finally:
         observe_choices(svc.metrics, plan, outcomes)
-    return JSONResponse(collector.body(outcomes), headers=plan.headers())
+    return JSONResponse(collector.body(outcomes), headers={**plan.headers(), **extra_headers})
 
 
 async def _observed(chunks: AsyncIterator[str], plan: Plan, outcomes: list[Outcome],
