@@ -163,8 +163,8 @@ def validation_error(exc: RequestValidationError) -> APIError:
             err.code = "invalid_unicode"
             return err
         if kind == "unsupported_value":
-            field = ".".join(loc) or None
-            return BadRequest(f"{field or 'body'}: {e.get('msg')}", param=field)
+            where = ".".join(loc)
+            return BadRequest(f"{where or 'body'}: {e.get('msg')}", param=where or None)
     message, param = _validation_message(exc)
     err = BadRequest(message, param=param)
     err.status, err.code = 422, "invalid_value"

@@ -143,8 +143,8 @@ class CompletionRequest(SamplingFields):
         if isinstance(p, str) or not p or isinstance(p[0], str):
             return None
         if isinstance(p[0], int):
-            return [list(p)]  # type: ignore[arg-type]
-        return [list(ids) for ids in p]  # type: ignore[arg-type]
+            return [list(p)]
+        return [list(ids) for ids in p]
 
 
 class ChatMessage(BaseModel):
