@@ -96,8 +96,11 @@ def test_schemathesis_no_server_errors(case, fuzz_gateway: Gateway) -> None:
 
 # --- hostile values a JSON schema cannot describe -------------------------------------------
 
-# Every code point, lone surrogates included (json.dumps writes them as \udxxx escapes).
-any_text = st.text(st.characters(exclude_categories=()), max_size=40)
+# Every code point; and text with a lone surrogate for sure (json.dumps writes it as a \udxxx
+# escape): drawn uniformly, surrogates are 2 in 1000 characters and often come paired.
+lone_surrogate = st.tuples(st.text(max_size=8), st.characters(categories=["Cs"]),
+                           st.text(max_size=8)).map(lambda t: f"{t[0]}{t[1]}x{t[2]}")
+any_text = st.text(st.characters(exclude_categories=()), max_size=40) | lone_surrogate
 # The JSON float literals Python's parser accepts beyond the standard: NaN, Infinity.
 odd_floats = st.sampled_from([math.nan, math.inf, -math.inf, 1e308, -0.0, 5e-324])
 huge_ints = st.integers(min_value=-(10**300), max_value=10**300) | st.sampled_from(
@@ -115,10 +118,13 @@ huge_stop_lists = st.integers(4, 10_000).map(lambda n: ["x"] * n)
 
 COMPLETION = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop",
-          "seed", "stream", "stream_options", "logprobs", "user", "metadata", "store",
-          "service_tier", "parallel_tool_calls", "modalities", "max_completion_tokens",
-          "messages", "response_format", "tools", "echo", "best_of", "prompt_bpb")
+COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed",
+          "stream", "stream_options", "logprobs", "user", "metadata", "store", "service_tier",
+          "parallel_tool_calls", "modalities", "prompt_bpb")
+FIELDS = {"/v1/completions": (*COMMON, "prompt", "echo", "best_of", "suffix"),
+          "/v1/chat/completions": (*COMMON, "messages", "max_completion_tokens",
+                                   "response_format", "tools", "top_logprobs")}
+UNKNOWN = "<unknown field>"
 
 
 def hostile_value(field: str) -> st.SearchStrategy:
@@ -131,12 +137,14 @@ def hostile_value(field: str) -> st.SearchStrategy:
 
 
 @st.composite
-def hostile_bodies(draw: st.DrawFn) -> tuple[str, str, bytes]:
-    path, base = draw(st.sampled_from([("/v1/completions", COMPLETION),
-                                       ("/v1/chat/completions", CHAT)]))
-    body = dict(base)
-    for field in draw(st.lists(st.sampled_from(FIELDS) | any_text, min_size=1, max_size=3)):
-        body[field] = draw(hostile_value(field))
+def hostile_bodies(draw: st.DrawFn, path: str, field: str) -> tuple[str, str, bytes]:
+    """A valid body for `path` with `field` set to a hostile value, maybe one more too."""
+    body = dict(COMPLETION if path == "/v1/completions" else CHAT)
+    name = draw(any_text) if field == UNKNOWN else field
+    body[name] = draw(hostile_value(name))
+    if draw(st.booleans()):
+        other = draw(st.sampled_from(FIELDS[path]))
+        body[other] = draw(hostile_value(other))
     raw = json.dumps(body, allow_nan=True)  # ensure_ascii: lone surrogates as escapes
     return "POST", path, raw.encode()
 
@@ -152,7 +160,8 @@ def hostile_admin(draw: st.DrawFn) -> tuple[str, str, bytes]:
         body = {"forecast": draw(odd_floats | huge_ints | json_values)}
         return "PUT", "/admin/lambda", json.dumps(body, allow_nan=True).encode()
     if kind == "drain":
-        head = draw(st.sampled_from(HEADS) | any_text.map(lambda s: quote(s, safe="") or "x"))
+        head = draw(st.sampled_from(HEADS) | any_text.map(
+            lambda s: quote(s, safe="", errors="surrogatepass") or "x"))
         return "POST", f"/admin/heads/{head}/drain", b""
     limit = draw(huge_ints)
     return "GET", f"/admin/decisions?limit={limit}", b""
@@ -187,10 +196,13 @@ def test_raw_hostile_bodies_are_4xx(fuzz_gateway: Gateway, body: bytes) -> None:
         assert r.status_code in (400, 413, 422), r.text
 
 
-@settings(FUZZ_SETTINGS, max_examples=300)
-@given(req=hostile_bodies())
-def test_hypothesis_openai_bodies(fuzz_gateway: Gateway, req: tuple[str, str, bytes]) -> None:
-    check_answer(send(fuzz_gateway, *req), "hypothesis")
+@pytest.mark.parametrize(("path", "field"), [
+    (path, f) for path, fields in FIELDS.items() for f in (*fields, UNKNOWN)])
+@settings(FUZZ_SETTINGS, max_examples=12)
+@given(data=st.data())
+def test_hypothesis_openai_bodies(fuzz_gateway: Gateway, path: str, field: str,
+                                  data: st.DataObject) -> None:
+    check_answer(send(fuzz_gateway, *data.draw(hostile_bodies(path, field))), "hypothesis")
 
 
 @settings(FUZZ_SETTINGS, max_examples=150)
