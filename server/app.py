@@ -28,7 +28,16 @@ from server.metrics import Metrics
 from server.model_source import resolve_model_dir
 from server.ops_wiring import client_services
 from server.prompt_bpb import PromptBpbConfig
-from server.routes import admin, admin_ops, admin_routing, health, metrics, models, openai_api
+from server.routes import (
+    admin,
+    admin_ops,
+    admin_routing,
+    health,
+    metrics,
+    models,
+    openai_api,
+    tokenize,
+)
 from server.routing import routing_services
 from server.service import GatewayService, Limits
 from server.settings import Settings
@@ -100,8 +109,8 @@ def create_app(settings: Settings, *, span_exporter: Any | None = None) -> FastA
     app.state.ignored_fields = IgnoredFields()
     app.state.audit = AuditLog(settings.audit_log or settings.cache_dir / "audit.jsonl")
     install_error_handlers(app)
-    for r in (openai_api.router, models.router, health.router, metrics.router, admin.router,
-              admin_ops.router, admin_routing.router):
+    for r in (openai_api.router, tokenize.router, models.router, health.router, metrics.router,
+              admin.router, admin_ops.router, admin_routing.router):
         app.include_router(r)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.cors_allow_origins:  # off by default: no CORS headers at all

@@ -187,6 +187,32 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_completion_tokens or self.max_tokens
 
 
+class TokenizeRequest(RequestBody):
+    """vLLM's /tokenize: a completion `prompt` or chat `messages` (exactly one)."""
+
+    model: str | None = None  # None: the model itself, the router picks the head
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True  # BOS, as /v1/completions runs the prompt
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise unsupported("give exactly one of 'prompt' and 'messages'")
+        if not self.add_generation_prompt:
+            raise unsupported("chat templates are rendered with add_generation_prompt=true")
+        return self
+
+
+class DetokenizeRequest(RequestBody):
+    """vLLM's /detokenize: token ids of one head (the model must pin it)."""
+
+    model: str | None = None
+    tokens: list[int]
+
+
 class PolicyDocument(RequestBody):
     name: str
     params: dict[str, Any] = Field(default_factory=dict)

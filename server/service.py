@@ -32,7 +32,12 @@ from server.metrics import Metrics
 from server.plan import ChoiceJob, Plan
 from server.prompt_bpb import PromptBpbConfig, record
 from server.request_context import current_request_id
-from server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from server.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    SamplingFields,
+)
 from server.settings import Settings
 from server.tracing import NO_TRACING, NoTracing
 
@@ -152,11 +157,20 @@ class GatewayService:
         if body.top_logprobs:
             raise BadRequest("top_logprobs is not supported; use logprobs=true",
                              param="top_logprobs")
-        messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
-        text = render_chat(messages, self.manifest.chat_template, *self._bos_eos_text())
+        text = self.chat_prompt(body.messages)
         return self._plan("chat", "/v1/chat/completions", body, [text],
                           chat=True, logprobs=body.logprobs,
                           max_tokens=body.effective_max_tokens())
+
+    def chat_prompt(self, messages: list[ChatMessage]) -> str:
+        """The prompt text the model's chat template renders for `messages`."""
+        dicts = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
+        return render_chat(dicts, self.manifest.chat_template, *self._bos_eos_text())
+
+    def prompt_ids(self, head: str, text: str, chat: bool) -> list[int]:
+        """The token ids `text` runs as on `head`, BOS included (what /tokenize reports)."""
+        bos = self.manifest.head(head).bos_token_id
+        return self._encode(self.tokenizers[head], text, chat, bos)
 
     def _plan(
         self, kind: str, route: str, body: SamplingFields, texts: list[str], *,
