@@ -13,6 +13,7 @@ from router.errors import RouterError
 from router.quality import HeadQuality
 from router.router import Router
 from server.deps import AdminDep, AuditDep, MetricsDep, RouterDep, ServiceDep, SettingsDep
+from server.drain_sync import DrainSync
 from server.errors import Conflict, NotFound
 from server.policy_ops import parse_if_match, persist_policy
 from server.prompt_bpb import guard_excluded, head_view
@@ -46,7 +47,7 @@ async def list_heads(_: AdminDep, svc: ServiceDep, settings: SettingsDep) -> dic
 
 
 async def _set_drained(head: str, drained: bool, actor: str, svc: ServiceDep,
-                       m: MetricsDep, audit: AuditDep) -> dict:
+                       m: MetricsDep, audit: AuditDep, request: Request) -> dict:
     r = svc.router
     if head not in r.heads:
         raise NotFound(f"head '{head}' does not exist; heads: {', '.join(r.heads)}",
@@ -55,6 +56,9 @@ async def _set_drained(head: str, drained: bool, actor: str, svc: ServiceDep,
     r.set_drained(head, drained)  # in-flight requests keep running on it
     m.head_up.labels(head).set(0 if drained else 1)
     after = _head_state(r, head)
+    drains: DrainSync | None = getattr(request.app.state, "drain_sync", None)
+    if drains is not None:  # with Redis: every replica follows
+        await drains.push()
     if before != after:
         audit.append(actor, "head.drain" if drained else "head.undrain",
                      {"head": head, "state": before}, {"head": head, "state": after})
@@ -64,14 +68,14 @@ async def _set_drained(head: str, drained: bool, actor: str, svc: ServiceDep,
 
 @router.post("/heads/{head}/drain")
 async def drain(head: str, actor: AdminDep, svc: ServiceDep, m: MetricsDep,
-                audit: AuditDep) -> dict:
-    return await _set_drained(head, True, actor, svc, m, audit)
+                audit: AuditDep, request: Request) -> dict:
+    return await _set_drained(head, True, actor, svc, m, audit, request)
 
 
 @router.post("/heads/{head}/undrain")
 async def undrain(head: str, actor: AdminDep, svc: ServiceDep, m: MetricsDep,
-                  audit: AuditDep) -> dict:
-    return await _set_drained(head, False, actor, svc, m, audit)
+                  audit: AuditDep, request: Request) -> dict:
+    return await _set_drained(head, False, actor, svc, m, audit, request)
 
 
 def _calibration_view(r: Router, source: Path | None) -> dict:
