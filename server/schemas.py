@@ -187,6 +187,31 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_completion_tokens or self.max_tokens
 
 
+class ResponsesRequest(RequestBody):
+    """POST /v1/responses, text in and text out; run as the chat completion it describes."""
+
+    model: str
+    input: str | list[dict[str, Any]]  # a user message, or message items
+    instructions: str | None = None  # a system message before the input
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    stream: bool = False
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    text: dict[str, Any] | None = None  # {"format": {"type": "text"}} only
+    truncation: Literal["disabled", "auto"] | None = None
+    # Accepted and ignored, as on chat (IGNORED_FIELDS).
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None  # nothing is stored: previous_response_id is refused
+    service_tier: str | None = None
+    parallel_tool_calls: bool | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+
 class TokenizeRequest(RequestBody):
     """vLLM's /tokenize: a completion `prompt` or chat `messages` (exactly one)."""
 

@@ -1,9 +1,10 @@
-"""POST /v1/completions and /v1/chat/completions, streaming (SSE) and not."""
+"""POST /v1/completions, /v1/chat/completions and /v1/responses, streaming (SSE) and not."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -17,7 +18,8 @@ from server.plan import Plan
 from server.request_context import bind_request_id
 from server.request_metrics import observe_choices
 from server.responses import Collector, sse_stream
-from server.schemas import ChatCompletionRequest, CompletionRequest
+from server.responses_api import ResponseBuilder, response_events, to_chat
+from server.schemas import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 from server.service import GatewayService
 
 log = logging.getLogger(__name__)
@@ -40,8 +42,44 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, svc: S
     return await _run(plan, body, request, svc, client, guard)
 
 
+@router.post("/v1/responses")
+async def responses(body: ResponsesRequest, request: Request, svc: ServiceDep,
+                    client: ClientDep, guard: GuardDep):
+    chat = to_chat(body)
+    guard.check_shape(chat)
+    plan = dataclasses.replace(svc.plan_chat(chat), route="/v1/responses")
+
+    async def respond(plan: Plan, stream: bool, request: Request, svc: GatewayService,
+                      extra_headers: dict[str, str],
+                      settle: Callable[[list[Outcome]], Awaitable[None]]):
+        outcomes = [Outcome() for _ in plan.jobs]
+        headers = {**plan.headers(), **extra_headers}
+        if stream:
+            events = _observed(response_events(plan, body, svc.stream(plan, outcomes), outcomes),
+                               plan, outcomes, svc, settle)
+            return StreamingResponse(events, media_type="text/event-stream",
+                                     headers={**headers, "cache-control": "no-cache"})
+        parts: list[str] = []
+        finish: list[str | None] = [None]
+
+        async def collect() -> None:
+            async for d in svc.stream(plan, outcomes):
+                parts.append(d.text)
+                finish[0] = d.finish_reason or finish[0]
+
+        try:
+            await _until_disconnect(collect(), request)
+        finally:
+            observe_choices(svc.metrics, plan, outcomes)
+            await settle(outcomes)
+        built = ResponseBuilder(plan, body).response("".join(parts), finish[0], outcomes)
+        return JSONResponse(built, headers=headers)
+
+    return await _run(plan, chat, request, svc, client, guard, respond)
+
+
 async def _run(plan: Plan, body: CompletionRequest | ChatCompletionRequest, request: Request,
-               svc: GatewayService, client: str, guard: ClientGuard):
+               svc: GatewayService, client: str, guard: ClientGuard, respond=None):
     bind_request_id(plan.request_id)  # the log correlation id, unless the client sent one
     charge = await guard.admit(client, plan)  # rate limits: prompt + max_tokens, up front
     if request.app.state.settings.log_prompts:
@@ -56,8 +94,8 @@ async def _run(plan: Plan, body: CompletionRequest | ChatCompletionRequest, requ
     async def settle(outcomes: list[Outcome]) -> None:  # the tokens actually used
         await guard.settle(charge, admitted, outcomes)
 
-    return await _respond(admitted, body.stream, request, svc,
-                          request.app.state.ignored_fields.headers(body), settle)
+    return await (respond or _respond)(admitted, body.stream, request, svc,
+                                       request.app.state.ignored_fields.headers(body), settle)
 
 
 async def _respond(plan: Plan, stream: bool, request: Request, svc: GatewayService,
