@@ -32,12 +32,19 @@ async def list_heads(_: AdminDep, svc: ServiceDep, settings: SettingsDep) -> dic
     svc.refresh_load()
     snap = svc.state.snapshot()
     excluded = guard_excluded(svc.router.active_policy)
+    gate, used = svc.admission, svc.backend.kv_blocks()[0]
+
+    def max_batch(head: str) -> int | None:
+        # KV admission's per-head maximum (what /admin/admission reports); without it, the
+        # local engine's cap on its running batch across heads.
+        if gate is not None:
+            return gate.admission.max_batch(head, used)
+        return settings.max_num_seqs if settings.backend == "local" else None
+
     heads = [
         {"name": h.name, "vocab_size": h.vocab_size, "bytes_per_token": h.bytes_per_token,
          "bpb": h.bpb, "live_batch": snap.running[h.name], "queue": snap.waiting[h.name],
-         # The local engine caps its running batch across heads; a KV-derived per-head
-         # maximum replaces this once admission computes one.
-         "max_batch": settings.max_num_seqs if settings.backend == "local" else None,
+         "max_batch": max_batch(h.name),
          "lambda": snap.lam(h.name), "state": _head_state(svc.router, h.name),
          **head_view(h.name, snap.quality.get(h.name, HeadQuality()), h.bpb, svc.prompt_bpb,
                      excluded)}
