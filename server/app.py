@@ -22,12 +22,22 @@ from server.backends.factory import make_backend
 from server.body_limit import BodyLimitMiddleware
 from server.errors import install_error_handlers
 from server.gateway_middleware import GatewayMiddleware
+from server.ignored_fields import IgnoredFields
 from server.lifecycle import Lifecycle, Phase
 from server.metrics import Metrics
 from server.model_source import resolve_model_dir
 from server.ops_wiring import client_services
 from server.prompt_bpb import PromptBpbConfig
-from server.routes import admin, admin_ops, admin_routing, health, metrics, models, openai_api
+from server.routes import (
+    admin,
+    admin_ops,
+    admin_routing,
+    health,
+    metrics,
+    models,
+    openai_api,
+    tokenize,
+)
 from server.routing import routing_services
 from server.service import GatewayService, Limits
 from server.settings import Settings
@@ -97,10 +107,11 @@ def create_app(settings: Settings, *, span_exporter: Any | None = None) -> FastA
     app.state.ops = AsyncExitStack()  # services entered in the lifespan, closed in reverse
     app.state.admin_keys = admin_keyring(settings)
     app.state.client_keys = client_keyring(settings)
+    app.state.ignored_fields = IgnoredFields()
     app.state.audit = AuditLog(settings.audit_log or settings.cache_dir / "audit.jsonl")
     install_error_handlers(app)
-    for r in (openai_api.router, models.router, health.router, metrics.router, admin.router,
-              admin_ops.router, admin_routing.router):
+    for r in (openai_api.router, tokenize.router, models.router, health.router, metrics.router,
+              admin.router, admin_ops.router, admin_routing.router):
         app.include_router(r)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.cors_allow_origins:  # off by default: no CORS headers at all

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 
 from server.auth import KeyRing, bearer
 from server.errors import BadRequest, TooManyRequests, Unauthorized
+from server.generation import Outcome
 from server.metrics import Metrics
 from server.plan import Plan
 from server.ratelimit import RateLimiter
@@ -15,6 +18,15 @@ from server.schemas import ChatCompletionRequest, CompletionRequest
 log = logging.getLogger(__name__)
 
 ANONYMOUS = "anonymous"
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What admit charged a client: `tokens` (prompt + max_tokens) at unix time `at`."""
+
+    client: str
+    tokens: int
+    at: float
 
 
 class ClientGuard:
@@ -52,11 +64,13 @@ class ClientGuard:
             raise BadRequest(f"prompt is {size} bytes; the limit is {self.max_prompt_bytes}",
                              param=param)
 
-    async def admit(self, client: str, plan: Plan) -> None:
-        """Charge the request to the client's budget: 429 with Retry-After when over it."""
+    async def admit(self, client: str, plan: Plan) -> Charge:
+        """Charge the request to the client's budget: 429 with Retry-After when over it.
+        The charge assumes every choice runs to max_tokens; `settle` corrects it."""
         tokens = plan.prompt_tokens + sum(j.request.max_tokens for j in plan.jobs)
+        charge = Charge(client, tokens, time.time())
         if self.limiter is not None:
-            retry_after = await self.limiter.acquire(client, tokens)
+            retry_after = await self.limiter.acquire(client, tokens, charge.at)
             if retry_after is not None:
                 raise TooManyRequests(
                     f"rate limit of key '{client}' reached; retry in {retry_after:.0f} s",
@@ -66,3 +80,17 @@ class ClientGuard:
         if self.usage is not None:
             await self.usage.incr(f"usage:{client}",
                                   {"requests": 1, "prompt_tokens": plan.prompt_tokens})
+        return charge
+
+    async def settle(self, charge: Charge, plan: Plan, outcomes: list[Outcome]) -> None:
+        """When the request ends: give the tokens it did not use back to the rate limit,
+        and count the ones generated. Never raises (the answer is already on its way)."""
+        completion = sum(o.completion_tokens for o in outcomes)
+        unused = charge.tokens - plan.prompt_tokens - completion
+        try:
+            if self.limiter is not None and unused > 0:
+                await self.limiter.refund(charge.client, unused, charge.at)
+            if self.usage is not None and completion:
+                await self.usage.incr(f"usage:{charge.client}", {"completion_tokens": completion})
+        except Exception as e:  # noqa: BLE001 - a lost refund must not fail the request
+            log.warning("token accounting of %s not settled: %s", charge.client, e)

@@ -145,6 +145,32 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"{param or 'body'}: {first.get('msg', 'invalid value')}", param
 
 
+def validation_error(exc: RequestValidationError) -> APIError:
+    """400 for bodies that are malformed, name an unknown field, carry invalid Unicode or
+    ask for something not served; 422 for a known field with a bad value."""
+    errors = exc.errors()
+    if errors and errors[0].get("type") == "json_invalid":
+        return BadRequest("request body is not valid JSON")
+    for e in errors:
+        kind = e.get("type")
+        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+        if kind == "extra_forbidden":
+            field = ".".join(loc)
+            return BadRequest(f"unknown field '{field}'", param=field or None)
+        if kind == "invalid_unicode":
+            field = str((e.get("ctx") or {}).get("field", "body"))
+            err = BadRequest(str(e.get("msg")), param=field)
+            err.code = "invalid_unicode"
+            return err
+        if kind == "unsupported_value":
+            where = ".".join(loc)
+            return BadRequest(f"{where or 'body'}: {e.get('msg')}", param=where or None)
+    message, param = _validation_message(exc)
+    err = BadRequest(message, param=param)
+    err.status, err.code = 422, "invalid_value"
+    return err
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -154,13 +180,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        if errors and errors[0].get("type") == "json_invalid":
-            return error_response(BadRequest("request body is not valid JSON"))
-        message, param = _validation_message(exc)
-        err = BadRequest(message, param=param)
-        err.status, err.code = 422, "invalid_value"
-        return error_response(err)
+        return error_response(validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -1,8 +1,10 @@
 """Per-client rate limits: requests/min and tokens/min in fixed one-minute windows.
 
 `RateLimiter.acquire` returns None when the request fits, else the seconds until the
-window resets (the Retry-After). The Redis limiter shares windows across replicas and
-falls back to a local window while Redis is unreachable.
+window resets (the Retry-After). Tokens are charged up front (prompt + max_tokens); when the
+request ends, `refund` gives back what it did not use, in the window it was charged to (a
+window already over limits nothing any more). The Redis limiter shares windows across
+replicas and falls back to a local window while Redis is unreachable.
 """
 
 from __future__ import annotations
@@ -34,7 +36,13 @@ class RateLimits:
 
 
 class RateLimiter(Protocol):
-    async def acquire(self, key: str, tokens: int) -> float | None: ...
+    async def acquire(self, key: str, tokens: int, now: float | None = None) -> float | None: ...
+
+    async def refund(self, key: str, tokens: int, charged_at: float) -> None: ...
+
+
+def window_of(now: float) -> int:
+    return int(now // WINDOW_S)
 
 
 def _window(now: float) -> tuple[int, float]:
@@ -47,8 +55,16 @@ class MemoryRateLimiter:
         self.limits = limits
         self._counts: dict[str, tuple[int, int, int]] = {}  # key -> (window, requests, tokens)
 
-    async def acquire(self, key: str, tokens: int) -> float | None:
-        return self.acquire_now(key, tokens, time.time())
+    async def acquire(self, key: str, tokens: int, now: float | None = None) -> float | None:
+        return self.acquire_now(key, tokens, time.time() if now is None else now)
+
+    async def refund(self, key: str, tokens: int, charged_at: float) -> None:
+        self.refund_now(key, tokens, charged_at)
+
+    def refund_now(self, key: str, tokens: int, charged_at: float) -> None:
+        w, reqs, toks = self._counts.get(key, (-1, 0, 0))
+        if w == window_of(charged_at) and tokens > 0:
+            self._counts[key] = (w, reqs, max(0, toks - tokens))
 
     def acquire_now(self, key: str, tokens: int, now: float) -> float | None:
         window, retry_after = _window(now)
@@ -70,8 +86,8 @@ class RedisRateLimiter:
         self.prefix = prefix
         self.fallback = MemoryRateLimiter(limits)
 
-    async def acquire(self, key: str, tokens: int) -> float | None:
-        now = time.time()
+    async def acquire(self, key: str, tokens: int, now: float | None = None) -> float | None:
+        now = time.time() if now is None else now
         window, retry_after = _window(now)
         name = f"{self.prefix}{key}:{window}"
         try:
@@ -91,3 +107,23 @@ class RedisRateLimiter:
             return self.fallback.acquire_now(key, tokens, now)
         self.health.mark(True)
         return None
+
+    async def refund(self, key: str, tokens: int, charged_at: float) -> None:
+        window = window_of(charged_at)
+        if tokens <= 0 or window != window_of(time.time()):
+            return  # nothing to give back, or a window that limits nothing any more
+        try:
+            await self.client.eval(_REFUND, 1, f"{self.prefix}{key}:{window}", tokens)
+        except (RedisError, OSError) as e:
+            self.health.mark(False, e)
+            self.fallback.refund_now(key, tokens, charged_at)
+            return
+        self.health.mark(True)
+
+
+# Give tokens back to a window that still exists (never recreate an expired one).
+_REFUND = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'tokens', -tonumber(ARGV[1]))
+return 1
+"""

@@ -6,6 +6,7 @@
 - the routing policy, in the same store: restored at startup (the configured policy is only
   the first-boot default), saved after each admin change, and with Redis followed live
   (pub/sub, plus a version check every second in case a message was missed);
+- with Redis, the drained heads, followed the same way (server.drain_sync);
 - KV admission: the gate in front of the engine, sized from the engine's KV blocks;
 - the routing gauges, refreshed at scrape time.
 """
@@ -26,6 +27,7 @@ from router.calibration import CalibratedTimer
 from router.compression import split_key
 from router.store import PolicySync, StateSync
 from server.admission_gate import AdmissionGate
+from server.drain_sync import DrainSync
 from server.lambda_store import RedisStore, make_store
 from server.metrics import Metrics
 from server.service import GatewayService
@@ -101,8 +103,17 @@ async def routing_services(app: FastAPI, settings: Settings) -> AsyncIterator[No
         log.error("policy store unreachable at startup (%s); using the configured policy", e)
     svc.admission = build_gate(svc, settings)
     tasks = [asyncio.create_task(_sync_forever(sync, settings.lambda_sync_s, svc.admission))]
+    drains: DrainSync | None = None
     if isinstance(store, RedisStore):
         tasks.append(asyncio.create_task(_follow_policy(policy, store)))
+        drains = DrainSync(svc.router, store.url, lambda head, drained:
+                           svc.metrics.head_up.labels(head).set(0 if drained else 1))
+        try:
+            await drains.restore()
+        except Exception as e:
+            log.error("drained heads unreadable at startup (%s); none drained here", e)
+        tasks.append(asyncio.create_task(drains.follow_forever()))
+    app.state.drain_sync = drains
     try:
         yield
     finally:
@@ -116,6 +127,8 @@ async def routing_services(app: FastAPI, settings: Settings) -> AsyncIterator[No
             log.error("final λ store flush failed: %s", e)
         if isinstance(store, RedisStore):
             store.close()
+        if drains is not None:
+            await drains.close()
 
 
 def refresh_routing_metrics(svc: GatewayService, m: Metrics) -> None:

@@ -34,7 +34,12 @@ from server.metrics import Metrics
 from server.plan import ChoiceJob, Plan
 from server.prompt_bpb import PromptBpbConfig, record
 from server.request_context import current_request_id
-from server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from server.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    SamplingFields,
+)
 from server.settings import Settings
 from server.tracing import NO_TRACING, NoTracing
 
@@ -105,11 +110,49 @@ class GatewayService:
         if body.logprobs not in (None, 0, 1):
             raise BadRequest("only the sampled token's logprob is available (logprobs <= 1)",
                              param="logprobs")
+        token_prompts = body.token_prompts()
+        if token_prompts is not None:
+            return self._plan_token_ids(body, token_prompts)
         texts = body.prompts()
         if not texts:
             raise BadRequest("prompt must not be empty", param="prompt")
         return self._plan("completion", "/v1/completions", body, texts,
                           chat=False, logprobs=body.logprobs is not None)
+
+    def _plan_token_ids(self, body: CompletionRequest, prompts: list[list[int]]) -> Plan:
+        """A prompt given as token ids: they mean something under one head's tokenizer
+        only, so the request must pin it. Planned as its decoded text (routing, limits),
+        then run on exactly the ids sent (no BOS added), which usage counts."""
+        head = self.pinned_head(body.model)
+        if head is None:
+            raise BadRequest(
+                "a prompt of token ids needs a pinned head: ids differ per head, so name one "
+                f"as model '{self.manifest.model_name}:HEAD' (heads: "
+                f"{', '.join(self.manifest.head_names)})", param="prompt")
+        vocab = self.manifest.head(head).vocab_size
+        for ids in prompts:
+            if not ids:
+                raise BadRequest("a token id prompt must not be empty", param="prompt")
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise BadRequest(f"token id {bad} is outside head {head}'s vocabulary "
+                                 f"[0, {vocab})", param="prompt")
+            if len(ids) > self.limits.max_prompt_tokens:
+                raise BadRequest(f"prompt is {len(ids)} tokens; the limit is "
+                                 f"{self.limits.max_prompt_tokens}", param="prompt")
+        tok = self.tokenizers[head]
+        texts = [tok.decode(ids, skip_special_tokens=False) for ids in prompts]
+        plan = self._plan("completion", "/v1/completions", body, texts,
+                          chat=False, logprobs=body.logprobs is not None)
+        max_tokens = plan.jobs[0].request.max_tokens
+        if max(len(ids) for ids in prompts) + max_tokens > self.limits.max_model_len:
+            raise BadRequest(f"prompt + max_tokens ({max_tokens}) exceeds the model's context "
+                             f"of {self.limits.max_model_len} tokens", param="max_tokens")
+        n = len(plan.jobs) // len(prompts)
+        jobs = tuple(dataclasses.replace(
+            j, request=dataclasses.replace(j.request, prompt_ids=tuple(prompts[j.index // n])))
+            for j in plan.jobs)
+        return dataclasses.replace(plan, jobs=jobs, prompt_tokens=sum(len(p) for p in prompts))
 
     def plan_chat(self, body: ChatCompletionRequest) -> Plan:
         self._reject_unsupported(body)
@@ -120,11 +163,20 @@ class GatewayService:
         if body.top_logprobs:
             raise BadRequest("top_logprobs is not supported; use logprobs=true",
                              param="top_logprobs")
-        messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
-        text = render_chat(messages, self.manifest.chat_template, *self._bos_eos_text())
+        text = self.chat_prompt(body.messages)
         return self._plan("chat", "/v1/chat/completions", body, [text],
                           chat=True, logprobs=body.logprobs,
                           max_tokens=body.effective_max_tokens())
+
+    def chat_prompt(self, messages: list[ChatMessage]) -> str:
+        """The prompt text the model's chat template renders for `messages`."""
+        dicts = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
+        return render_chat(dicts, self.manifest.chat_template, *self._bos_eos_text())
+
+    def prompt_ids(self, head: str, text: str, chat: bool) -> list[int]:
+        """The token ids `text` runs as on `head`, BOS included (what /tokenize reports)."""
+        bos = self.manifest.head(head).bos_token_id
+        return self._encode(self.tokenizers[head], text, chat, bos)
 
     def _plan(
         self, kind: str, route: str, body: SamplingFields, texts: list[str], *,

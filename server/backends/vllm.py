@@ -27,6 +27,9 @@ from server.engine_metrics import ReplicaStats
 
 log = logging.getLogger(__name__)
 
+# vLLM's finish reasons for a request the engine aborted or failed.
+ENGINE_FAILED = frozenset({"abort", "error"})
+
 
 class VllmBackend:
     def __init__(self, replicas: Sequence[Replica], head_sizes: dict[str, int],
@@ -102,6 +105,10 @@ class VllmBackend:
                 chunk = await self._next(stream, replica)
                 if chunk is None:
                     raise ReplicaFailed(f"{replica.name}: stream ended without a finish reason")
+                if chunk.finish_reason in ENGINE_FAILED:
+                    # The engine gave up on the request: an error, never a normal end.
+                    raise EngineLost(f"vLLM engine {replica.name} ended the request with "
+                                     f"finish reason '{chunk.finish_reason}'")
                 score = None
                 if chunk.prompt_nll is not None:
                     score = PromptScore(chunk.prompt_nll, predicted, predicted)
@@ -156,5 +163,6 @@ class VllmBackend:
 
 
 def _finish(reason: str | None) -> str | None:
-    # vLLM also reports "abort"/"error"; the gateway's streams know "stop" and "length".
+    # "stop" and "length" are the ends a client sees; ENGINE_FAILED reasons never get here.
+    # Anything else vLLM may add (e.g. a matched stop string) ended the request normally.
     return reason if reason in (None, "stop", "length") else "stop"

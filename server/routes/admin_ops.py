@@ -13,6 +13,7 @@ from router.errors import RouterError
 from router.quality import HeadQuality
 from router.router import Router
 from server.deps import AdminDep, AuditDep, MetricsDep, RouterDep, ServiceDep, SettingsDep
+from server.drain_sync import DrainSync
 from server.errors import Conflict, NotFound
 from server.policy_ops import parse_if_match, persist_policy
 from server.prompt_bpb import guard_excluded, head_view
@@ -31,12 +32,19 @@ async def list_heads(_: AdminDep, svc: ServiceDep, settings: SettingsDep) -> dic
     svc.refresh_load()
     snap = svc.state.snapshot()
     excluded = guard_excluded(svc.router.active_policy)
+    gate, used = svc.admission, svc.backend.kv_blocks()[0]
+
+    def max_batch(head: str) -> int | None:
+        # KV admission's per-head maximum (what /admin/admission reports); without it, the
+        # local engine's cap on its running batch across heads.
+        if gate is not None:
+            return gate.admission.max_batch(head, used)
+        return settings.max_num_seqs if settings.backend == "local" else None
+
     heads = [
         {"name": h.name, "vocab_size": h.vocab_size, "bytes_per_token": h.bytes_per_token,
          "bpb": h.bpb, "live_batch": snap.running[h.name], "queue": snap.waiting[h.name],
-         # The local engine caps its running batch across heads; a KV-derived per-head
-         # maximum replaces this once admission computes one.
-         "max_batch": settings.max_num_seqs if settings.backend == "local" else None,
+         "max_batch": max_batch(h.name),
          "lambda": snap.lam(h.name), "state": _head_state(svc.router, h.name),
          **head_view(h.name, snap.quality.get(h.name, HeadQuality()), h.bpb, svc.prompt_bpb,
                      excluded)}
@@ -46,7 +54,7 @@ async def list_heads(_: AdminDep, svc: ServiceDep, settings: SettingsDep) -> dic
 
 
 async def _set_drained(head: str, drained: bool, actor: str, svc: ServiceDep,
-                       m: MetricsDep, audit: AuditDep) -> dict:
+                       m: MetricsDep, audit: AuditDep, request: Request) -> dict:
     r = svc.router
     if head not in r.heads:
         raise NotFound(f"head '{head}' does not exist; heads: {', '.join(r.heads)}",
@@ -55,6 +63,9 @@ async def _set_drained(head: str, drained: bool, actor: str, svc: ServiceDep,
     r.set_drained(head, drained)  # in-flight requests keep running on it
     m.head_up.labels(head).set(0 if drained else 1)
     after = _head_state(r, head)
+    drains: DrainSync | None = getattr(request.app.state, "drain_sync", None)
+    if drains is not None:  # with Redis: every replica follows
+        await drains.push()
     if before != after:
         audit.append(actor, "head.drain" if drained else "head.undrain",
                      {"head": head, "state": before}, {"head": head, "state": after})
@@ -64,14 +75,14 @@ async def _set_drained(head: str, drained: bool, actor: str, svc: ServiceDep,
 
 @router.post("/heads/{head}/drain")
 async def drain(head: str, actor: AdminDep, svc: ServiceDep, m: MetricsDep,
-                audit: AuditDep) -> dict:
-    return await _set_drained(head, True, actor, svc, m, audit)
+                audit: AuditDep, request: Request) -> dict:
+    return await _set_drained(head, True, actor, svc, m, audit, request)
 
 
 @router.post("/heads/{head}/undrain")
 async def undrain(head: str, actor: AdminDep, svc: ServiceDep, m: MetricsDep,
-                  audit: AuditDep) -> dict:
-    return await _set_drained(head, False, actor, svc, m, audit)
+                  audit: AuditDep, request: Request) -> dict:
+    return await _set_drained(head, False, actor, svc, m, audit, request)
 
 
 def _calibration_view(r: Router, source: Path | None) -> dict:

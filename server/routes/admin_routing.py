@@ -7,19 +7,18 @@ import logging
 import math
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, ConfigDict
 
 from router.planner.live import DEFAULT_MFU, live_plan_json
 from router.store import StateSync
 from server.deps import AdminDep, ServiceDep
 from server.errors import BadRequest
+from server.schemas import RequestBody
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin")
 
 
-class LambdaForecast(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class LambdaForecast(RequestBody):
     # Served bytes ÷ training bytes the operator expects; null clears it (measured λ again).
     forecast: float | None
 

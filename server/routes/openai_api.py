@@ -1,22 +1,25 @@
-"""POST /v1/completions and /v1/chat/completions, streaming (SSE) and not."""
+"""POST /v1/completions, /v1/chat/completions and /v1/responses, streaming (SSE) and not."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from server.client_guard import ClientGuard
 from server.deps import ClientDep, GuardDep, ServiceDep
 from server.generation import Outcome
 from server.plan import Plan
 from server.request_context import bind_request_id
 from server.request_metrics import observe_choices
 from server.responses import Collector, sse_stream
-from server.schemas import ChatCompletionRequest, CompletionRequest
+from server.responses_api import ResponseBuilder, response_events, to_chat
+from server.schemas import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 from server.service import GatewayService
 
 log = logging.getLogger(__name__)
@@ -28,9 +31,7 @@ async def completions(body: CompletionRequest, request: Request, svc: ServiceDep
                       client: ClientDep, guard: GuardDep):
     guard.check_shape(body)
     plan = svc.plan_completion(body)
-    await _admit(plan, client, guard, request, body)
-    plan = await svc.admit(plan)  # KV admission: may wait, spill, or raise 429
-    return await _respond(plan, body.stream, request, svc)
+    return await _run(plan, body, request, svc, client, guard)
 
 
 @router.post("/v1/chat/completions")
@@ -38,21 +39,68 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, svc: S
                            client: ClientDep, guard: GuardDep):
     guard.check_shape(body)
     plan = svc.plan_chat(body)
-    await _admit(plan, client, guard, request, body)
-    plan = await svc.admit(plan)  # KV admission: may wait, spill, or raise 429
-    return await _respond(plan, body.stream, request, svc)
+    return await _run(plan, body, request, svc, client, guard)
 
 
-async def _admit(plan: Plan, client: str, guard: GuardDep, request: Request,
-                 body: CompletionRequest | ChatCompletionRequest) -> None:
+@router.post("/v1/responses")
+async def responses(body: ResponsesRequest, request: Request, svc: ServiceDep,
+                    client: ClientDep, guard: GuardDep):
+    chat = to_chat(body)
+    guard.check_shape(chat)
+    plan = dataclasses.replace(svc.plan_chat(chat), route="/v1/responses")
+
+    async def respond(plan: Plan, stream: bool, request: Request, svc: GatewayService,
+                      extra_headers: dict[str, str],
+                      settle: Callable[[list[Outcome]], Awaitable[None]]):
+        outcomes = [Outcome() for _ in plan.jobs]
+        headers = {**plan.headers(), **extra_headers}
+        if stream:
+            events = _observed(response_events(plan, body, svc.stream(plan, outcomes), outcomes),
+                               plan, outcomes, svc, settle)
+            return StreamingResponse(events, media_type="text/event-stream",
+                                     headers={**headers, "cache-control": "no-cache"})
+        parts: list[str] = []
+        finish: list[str | None] = [None]
+
+        async def collect() -> None:
+            async for d in svc.stream(plan, outcomes):
+                parts.append(d.text)
+                finish[0] = d.finish_reason or finish[0]
+
+        try:
+            await _until_disconnect(collect(), request)
+        finally:
+            observe_choices(svc.metrics, plan, outcomes)
+            await settle(outcomes)
+        built = ResponseBuilder(plan, body).response("".join(parts), finish[0], outcomes)
+        return JSONResponse(built, headers=headers)
+
+    return await _run(plan, chat, request, svc, client, guard, respond)
+
+
+async def _run(plan: Plan, body: CompletionRequest | ChatCompletionRequest, request: Request,
+               svc: GatewayService, client: str, guard: ClientGuard, respond=None):
     bind_request_id(plan.request_id)  # the log correlation id, unless the client sent one
-    await guard.admit(client, plan)
+    charge = await guard.admit(client, plan)  # rate limits: prompt + max_tokens, up front
     if request.app.state.settings.log_prompts:
         log.info("prompt of %s (key %s): %s", plan.request_id, client,
                  body.model_dump_json(include={"prompt", "messages"}))
+    try:
+        admitted = await svc.admit(plan)  # KV admission: may wait, spill, or raise 429
+    except BaseException:
+        await guard.settle(charge, plan, [])  # nothing ran: give back the output budget
+        raise
+
+    async def settle(outcomes: list[Outcome]) -> None:  # the tokens actually used
+        await guard.settle(charge, admitted, outcomes)
+
+    return await (respond or _respond)(admitted, body.stream, request, svc,
+                                       request.app.state.ignored_fields.headers(body), settle)
 
 
-async def _respond(plan: Plan, stream: bool, request: Request, svc: GatewayService):
+async def _respond(plan: Plan, stream: bool, request: Request, svc: GatewayService,
+                   extra_headers: dict[str, str],
+                   settle: Callable[[list[Outcome]], Awaitable[None]]):
     outcomes = [Outcome() for _ in plan.jobs]
     tok = svc.tokenizers[plan.head]
 
@@ -63,9 +111,10 @@ async def _respond(plan: Plan, stream: bool, request: Request, svc: GatewayServi
         # Starlette cancels this generator when the client disconnects; closing it aborts
         # every choice in the engine and frees their KV blocks.
         body = _observed(sse_stream(plan, svc.stream(plan, outcomes), outcomes, token_text),
-                         plan, outcomes, svc)
+                         plan, outcomes, svc, settle)
         return StreamingResponse(body, media_type="text/event-stream",
-                                 headers={**plan.headers(), "cache-control": "no-cache"})
+                                 headers={**plan.headers(), **extra_headers,
+                                          "cache-control": "no-cache"})
     collector = Collector(plan, token_text)
 
     async def collect() -> None:
@@ -76,17 +125,20 @@ async def _respond(plan: Plan, stream: bool, request: Request, svc: GatewayServi
         await _until_disconnect(collect(), request)
     finally:
         observe_choices(svc.metrics, plan, outcomes)
-    return JSONResponse(collector.body(outcomes), headers=plan.headers())
+        await settle(outcomes)
+    return JSONResponse(collector.body(outcomes), headers={**plan.headers(), **extra_headers})
 
 
 async def _observed(chunks: AsyncIterator[str], plan: Plan, outcomes: list[Outcome],
-                    svc: GatewayService) -> AsyncIterator[str]:
+                    svc: GatewayService, settle: Callable[[list[Outcome]], Awaitable[None]]
+                    ) -> AsyncIterator[str]:
     try:
         async for chunk in chunks:
             yield chunk
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
         observe_choices(svc.metrics, plan, outcomes)
+        await settle(outcomes)
 
 
 async def _until_disconnect(work, request: Request) -> None:

@@ -33,6 +33,14 @@ def test_heads_and_state(gateway):
     assert httpx.get(f"{gateway.url}/admin/state", timeout=10).status_code == 401
 
 
+def test_heads_max_batch_is_admissions_kv_derived_value(gateway):
+    heads = httpx.get(f"{gateway.url}/admin/heads", headers=AUTH, timeout=10).json()["heads"]
+    adm = httpx.get(f"{gateway.url}/admin/admission", headers=AUTH, timeout=10).json()
+    assert adm["enabled"]
+    assert {h["name"]: h["max_batch"] for h in heads} == {
+        name: v["max_batch"] for name, v in adm["heads"].items()}
+
+
 def test_drain_skips_head_and_pins_get_503(gateway):
     url = gateway.url
     routed = _complete(url).headers["x-polyhead-head"]
