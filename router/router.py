@@ -201,6 +201,11 @@ class Router:
             raise HeadUnavailable("every head is drained")
         return profiles
 
+    def preview(self, features: RequestFeatures) -> Decision:
+        """What the active policy would choose for `features`, recording nothing and moving
+        no policy state: a fresh instance of the policy decides (no held head to keep)."""
+        return self._decide(features, self._build(self._active.spec))[0]
+
     def decide(self, features: RequestFeatures) -> Decision:
         decision, features = self._decide(features)
         self._recent.append((features, decision))
@@ -220,7 +225,8 @@ class Router:
         self.decisions.append(moved)
         return moved
 
-    def _decide(self, features: RequestFeatures) -> tuple[Decision, RequestFeatures]:
+    def _decide(self, features: RequestFeatures,
+                policy: Policy | None = None) -> tuple[Decision, RequestFeatures]:
         active = self._active
         if features.pinned_head is not None:
             if features.pinned_head not in self._heads:
@@ -237,7 +243,7 @@ class Router:
         profiles = self._routable()
         snap = self.state.snapshot()
         features = self._predict(features, snap, profiles, active.spec)
-        c = active.policy.decide(features, snap, profiles)
+        c = (policy or active.policy).decide(features, snap, profiles)
         if c.head in self._drained:  # a pinned policy whose head an operator drained
             raise HeadUnavailable(f"policy {active.spec.name} routes to drained head {c.head}")
         if c.head in features.excluded:  # a policy that does not price requests itself

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from heads.engine.llm_engine import GenerationRequest
 from heads.manifest import Manifest
-from heads.prompt_encoder import EncodedPrompt, PromptEncoder
+from heads.prompt_encoder import EncodedPrompt, HeadPrompt, PromptEncoder
 from heads.tokenizer import HeadTokenizer
 from kernels.sampling_params import RowParams
 from router.admission import Ticket
@@ -152,7 +152,12 @@ class GatewayService:
         jobs = tuple(dataclasses.replace(
             j, request=dataclasses.replace(j.request, prompt_ids=tuple(prompts[j.index // n])))
             for j in plan.jobs)
-        return dataclasses.replace(plan, jobs=jobs, prompt_tokens=sum(len(p) for p in prompts))
+        # Admission counts the ids sent; they exist on this head only.
+        encoded = dataclasses.replace(plan.encoded, heads={head: HeadPrompt(
+            tuple(tuple(ids) for ids in prompts), tok.fallback_bytes(
+                [i for ids in prompts for i in ids]))})
+        return dataclasses.replace(plan, jobs=jobs, encoded=encoded,
+                                   prompt_tokens=sum(len(p) for p in prompts))
 
     def plan_chat(self, body: ChatCompletionRequest) -> Plan:
         self._reject_unsupported(body)
@@ -173,10 +178,6 @@ class GatewayService:
         dicts = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
         return render_chat(dicts, self.manifest.chat_template, *self._bos_eos_text())
 
-    def prompt_ids(self, head: str, text: str, chat: bool) -> list[int]:
-        """The token ids `text` runs as on `head`, BOS included (what /tokenize reports)."""
-        bos = self.manifest.head(head).bos_token_id
-        return self._encode(self.tokenizers[head], text, chat, bos)
 
     def _plan(
         self, kind: str, route: str, body: SamplingFields, texts: list[str], *,
@@ -193,7 +194,7 @@ class GatewayService:
             raise BadRequest(f"at most {self.limits.max_stop_sequences} stop sequences",
                              param="stop")
         self.refresh_load()
-        encoded, decision = self._route(texts, chat, max_tokens, pinned)
+        encoded, decision = self.route(texts, chat, max_tokens, pinned)
         self.tracing.annotate(head=decision.head, policy=decision.policy,
                               decision=decision.code)
         if self.admission is not None:
@@ -215,10 +216,12 @@ class GatewayService:
                     logprobs, bool(body.stream_options and body.stream_options.include_usage),
                     started, encoded, chat)
 
-    def _route(self, texts: list[str], chat: bool, max_tokens: int,
-               pinned: str | None) -> tuple[EncodedPrompt, Decision]:
+    def route(self, texts: list[str], chat: bool, max_tokens: int, pinned: str | None,
+              preview: bool = False) -> tuple[EncodedPrompt, Decision]:
         """Tokenize, then decide; a request-aware policy sees every head's tokens first, a
-        pinned request or a content-blind policy only needs the chosen head's."""
+        pinned request or a content-blind policy only needs the chosen head's. `preview`:
+        what the router would choose, without recording a decision (/tokenize)."""
+        decide = self.router.preview if preview else self.router.decide
         if pinned is None and self.router.request_aware:
             with self.tracing.span("tokenize"):
                 encoded = self.encoder.encode(texts, chat)
@@ -226,9 +229,9 @@ class GatewayService:
             features = RequestFeatures(encoded.prompt_bytes, max_tokens, None, tokens,
                                        encoded.script)
             with self.tracing.span("route"):
-                return encoded, self.router.decide(features)
+                return encoded, decide(features)
         with self.tracing.span("route"):
-            decision = self.router.decide(RequestFeatures(
+            decision = decide(RequestFeatures(
                 sum(len(t.encode()) for t in texts), max_tokens, pinned))
         with self.tracing.span("tokenize"):
             return self.encoder.encode(texts, chat, [decision.head]), decision

@@ -9,22 +9,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from router.profiles import RequestFeatures
 from server.deps import ClientDep, GuardDep, ServiceDep
 from server.errors import BadRequest
 from server.schemas import DetokenizeRequest, TokenizeRequest
-from server.service import GatewayService
 
 router = APIRouter()
-
-
-def _head(svc: GatewayService, model: str | None, prompt_bytes: int) -> str:
-    pinned = svc.pinned_head(model or svc.manifest.model_name)
-    if pinned is not None:
-        return pinned
-    svc.refresh_load()  # the choice /v1/completions would make now, for a default max_tokens
-    features = RequestFeatures(prompt_bytes, svc.limits.default_max_tokens, None)
-    return svc.router.decide(features).head
 
 
 def _answer(body: dict, head: str) -> JSONResponse:
@@ -40,9 +29,13 @@ async def tokenize(body: TokenizeRequest, svc: ServiceDep, _: ClientDep,
     if size > guard.max_prompt_bytes:
         raise BadRequest(f"prompt is {size} bytes; the limit is {guard.max_prompt_bytes}",
                          param="messages" if chat else "prompt")
-    head = _head(svc, body.model, size)
+    pinned = svc.pinned_head(body.model or svc.manifest.model_name)
+    svc.refresh_load()  # the choice /v1/completions would make now, for a default max_tokens
+    encoded, decision = svc.route([text], chat, svc.limits.default_max_tokens, pinned,
+                                  preview=True)
+    head = decision.head
     if body.add_special_tokens:
-        ids = svc.prompt_ids(head, text, chat)
+        ids = list(encoded.heads[head].ids[0])
     else:
         tok = svc.tokenizers[head]
         ids = tok.encode_with_specials(text) if chat else tok.encode(text)
