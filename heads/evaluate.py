@@ -22,6 +22,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -263,9 +264,9 @@ def aggregate(results: list[HeadSourceResult]) -> list[HeadSourceResult]:
     return out
 
 
-def by_source(results: list[HeadSourceResult]) -> dict[str, dict[str, dict[str, float]]]:
+def by_source(results: list[HeadSourceResult]) -> dict[str, dict[str, dict[str, Any]]]:
     """source -> head -> {bytes_per_token, bpb, byte_fallback_share, bpb_vs_native}."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for source in dict.fromkeys(r.source for r in results):
         rs = sorted((r for r in results if r.source == source), key=lambda r: r.vocab_size)
         native = rs[-1].bpb
