@@ -82,7 +82,10 @@ def help_pages(lang: str) -> Callable[[Path], Docs]:
         def paragraphs() -> Iterable[tuple[str, list[str]]]:
             for path in sorted(base.rglob("*.html")):
                 text = html_to_text(path.read_text(encoding="utf-8", errors="replace"))
-                yield str(path.relative_to(base)), prose_paragraphs(text, lang, min_chars=40)
+                # Each HTML paragraph, list item or table cell is a line of its own; judged
+                # one by one, an untranslated line next to a translated one stays out.
+                lines = "\n\n".join(text.splitlines())
+                yield str(path.relative_to(base)), prose_paragraphs(lines, lang, min_chars=40)
 
         yield from _dedupe(paragraphs())
 

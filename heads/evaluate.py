@@ -20,8 +20,9 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,7 @@ from heads.manifest import MANIFEST_FILE
 log = logging.getLogger(__name__)
 
 AGGREGATE = "all"
+KINDS = ("native", "separator", "byte_fallback", "split_word")  # see kind_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,7 @@ class HeadSourceResult:
     prefill_seconds: float
     differing_tokens: int  # tokens whose byte span is not a token of the native head
     byte_fallback_tokens: int = 0  # <0xXX> tokens (characters the head cannot spell)
+    bits_by_kind: dict[str, float] = field(default_factory=dict)  # KINDS -> bits
 
     @property
     def bytes_per_token(self) -> float:
@@ -98,15 +101,15 @@ def forward_logits(ckpt: Checkpoint, head: str, ids: list[int]) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def sequence_bits(ckpt: Checkpoint, head: str, ids: list[int], window: int,
-                  w32: torch.Tensor | None = None) -> tuple[float, float]:
-    """(sum of -log2 p(token | context) over the ids, seconds in the backbone), in windows
+def token_bits(ckpt: Checkpoint, head: str, ids: list[int], window: int,
+               w32: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """(-log2 p(token | context) per id [len(ids)] fp64, seconds in the backbone), in windows
     of `window` tokens; the second is the prefill time (logits excluded).
 
     With a BOS id every window starts with BOS and all ids are scored; without one, windows
-    overlap by one token and the first id (which has no context) is not scored. `w32` is the
-    head's unembedding in fp32 [V, d]: logits in the checkpoint dtype (bf16) would round by
-    ~0.1 nats at logit magnitudes around 30.
+    overlap by one token and the first id (which has no context) is not scored (0 bits).
+    `w32` is the head's unembedding in fp32 [V, d]: logits in the checkpoint dtype (bf16)
+    would round by ~0.1 nats at logit magnitudes around 30.
     """
     bos = ckpt.manifest.head(head).bos_token_id
     w = ckpt.model.unembedding_rows(head).float() if w32 is None else w32
@@ -114,7 +117,8 @@ def sequence_bits(ckpt: Checkpoint, head: str, ids: list[int], window: int,
         contexts = [[bos, *ids[i:i + window - 1]] for i in range(0, len(ids), window - 1)]
     else:
         contexts = [ids[i:i + window] for i in range(0, max(len(ids) - 1, 0), window - 1)]
-    nats, seconds = 0.0, 0.0
+    nats = [torch.zeros(0 if bos is not None else min(len(ids), 1), dtype=torch.float64)]
+    seconds = 0.0
     for ctx in contexts:
         t0 = time.perf_counter()
         hidden = forward_hidden(ckpt, head, ctx)[:-1].float()  # predicts ctx[1:]
@@ -122,8 +126,17 @@ def sequence_bits(ckpt: Checkpoint, head: str, ids: list[int], window: int,
         target = torch.tensor(ctx[1:], device=hidden.device)
         for r in range(0, hidden.shape[0], 128):  # [128, V] fp32 logits at a time
             logits = hidden[r:r + 128] @ w.T
-            nats += float(F.cross_entropy(logits, target[r:r + 128], reduction="sum"))
-    return nats / math.log(2), seconds
+            nats.append(F.cross_entropy(logits, target[r:r + 128], reduction="none")
+                        .double().cpu())
+    return torch.cat(nats) / math.log(2), seconds
+
+
+def sequence_bits(ckpt: Checkpoint, head: str, ids: list[int], window: int,
+                  w32: torch.Tensor | None = None) -> tuple[float, float]:
+    """(sum of -log2 p(token | context) over the ids, seconds in the backbone); windows as
+    in `token_bits`."""
+    bits, seconds = token_bits(ckpt, head, ids, window, w32)
+    return float(bits.sum()), seconds
 
 
 def _plain(tok: Tokenizer) -> Tokenizer:
@@ -181,27 +194,47 @@ def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int,
     results = []
     for path in files:
         text = _head_of(path, max_bytes)
-        n_bytes = len(text.encode())
         pieces = byte_windows(text, window_bytes) if window_bytes else [text]
         native_spans = [set(_spans(p, plain[native])[1]) for p in pieces]
         for h in heads:
-            n_tokens = differ = fallback = 0
-            bits = dt = 0.0
-            for piece, spans in zip(pieces, native_spans, strict=True):
-                ids, offsets = _spans(piece, plain[h.name])
-                # A byte window is one context: no token window can be shorter than it.
-                b, t = sequence_bits(ckpt, h.name, ids, window if not window_bytes
-                                     else len(ids) + 1, w32[h.name])
-                bits, dt = bits + b, dt + t
-                n_tokens += len(ids)
-                differ += sum(o not in spans for o in offsets)
-                fallback += sum(i in byte_ids[h.name] for i in ids)
-            r = HeadSourceResult(h.name, h.vocab_size, source_name(path), n_bytes, n_tokens,
-                                 bits, dt, differ, fallback)
+            r = _score(ckpt, h.name, h.vocab_size, source_name(path), pieces, native_spans,
+                       plain[h.name], byte_ids[h.name], window if not window_bytes else None,
+                       w32[h.name])
             log.info("%s %s: %.3f bytes/token, %.4f BPB, %.0f tok/s", h.name, r.source,
                      r.bytes_per_token, r.bpb, r.prefill_tokens_per_s)
             results.append(r)
     return results
+
+
+def kind_of(token_text: str, is_native: bool, is_byte: bool) -> str:
+    """What a token of a trimmed head is, for splitting its bits: the native head's own
+    token, a byte-fallback token, a separator (no letter or digit), or a piece of a word."""
+    if is_native:
+        return "native"
+    if is_byte:
+        return "byte_fallback"
+    return "split_word" if any(c.isalnum() for c in token_text) else "separator"
+
+
+def _score(ckpt: Checkpoint, head: str, vocab_size: int, source: str, pieces: list[str],
+           native_spans: list[set[tuple[int, int]]], tok: Tokenizer, byte_ids: frozenset[int],
+           window: int | None, w32: torch.Tensor) -> HeadSourceResult:
+    """One head over one source's pieces; `window` None scores each piece as one context."""
+    n_tokens = differ = fallback = 0
+    dt = 0.0
+    kinds = dict.fromkeys(KINDS, 0.0)
+    for piece, spans in zip(pieces, native_spans, strict=True):
+        ids, offsets = _spans(piece, tok)
+        bits, t = token_bits(ckpt, head, ids, window or len(ids) + 1, w32)
+        dt += t
+        n_tokens += len(ids)
+        for i, (a, b), bit in zip(ids, offsets, bits.tolist(), strict=True):
+            k = kind_of(piece[a:b], (a, b) in spans, i in byte_ids)
+            kinds[k] += bit
+            differ += k != "native"
+            fallback += k == "byte_fallback"
+    return HeadSourceResult(head, vocab_size, source, sum(len(p.encode()) for p in pieces),
+                            n_tokens, sum(kinds.values()), dt, differ, fallback, kinds)
 
 
 def _head_of(path: Path, max_bytes: int) -> str:
@@ -226,13 +259,14 @@ def aggregate(results: list[HeadSourceResult]) -> list[HeadSourceResult]:
             head, rs[0].vocab_size, AGGREGATE, sum(r.bytes for r in rs),
             sum(r.tokens for r in rs), sum(r.bits for r in rs),
             sum(r.prefill_seconds for r in rs), sum(r.differing_tokens for r in rs),
-            sum(r.byte_fallback_tokens for r in rs)))
+            sum(r.byte_fallback_tokens for r in rs),
+            {k: sum(r.bits_by_kind.get(k, 0.0) for r in rs) for k in KINDS}))
     return out
 
 
-def by_source(results: list[HeadSourceResult]) -> dict[str, dict[str, dict[str, float]]]:
+def by_source(results: list[HeadSourceResult]) -> dict[str, dict[str, dict[str, Any]]]:
     """source -> head -> {bytes_per_token, bpb, byte_fallback_share, bpb_vs_native}."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for source in dict.fromkeys(r.source for r in results):
         rs = sorted((r for r in results if r.source == source), key=lambda r: r.vocab_size)
         native = rs[-1].bpb
@@ -241,6 +275,8 @@ def by_source(results: list[HeadSourceResult]) -> dict[str, dict[str, dict[str, 
                                 "bytes_per_token": round(r.bytes_per_token, 4),
                                 "bpb": round(r.bpb, 4),
                                 "byte_fallback_share": round(r.byte_fallback_share, 5),
+                                "bpb_by_kind": {k: round(v / r.bytes, 4)
+                                                for k, v in r.bits_by_kind.items()},
                                 "bpb_vs_native": round(r.bpb / native, 4)} for r in rs}
     return out
 
@@ -265,65 +301,12 @@ def write_results(ckpt: Checkpoint, results: list[HeadSourceResult], out: Path,
     rows = [r.row() for r in [*results, *totals.values()]]
     (out / "eval.json").write_text(json.dumps(rows, indent=2) + "\n")
     (out / "eval-by-source.json").write_text(json.dumps(by_source(results), indent=2) + "\n")
+    from heads.eval_plot import plot, plot_by_source
+
     png = out / "eval.png"
     plot(results, png)
     plot_by_source(results, out / "eval-by-source.png")
     return png
-
-
-def plot(results: list[HeadSourceResult], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    all_rows = [*results, *aggregate(results)]
-    for source in dict.fromkeys(r.source for r in all_rows):
-        rs = sorted((r for r in all_rows if r.source == source), key=lambda r: r.vocab_size)
-        style = {"linewidth": 2.5, "color": "black"} if source == AGGREGATE else {}
-        vs = [r.vocab_size for r in rs]
-        axes[0].plot(vs, [r.bytes_per_token for r in rs], marker="o", label=source, **style)
-        axes[1].plot(vs, [r.bpb for r in rs], marker="o", label=source, **style)
-    for ax, ylabel in zip(axes, ("bytes / token", "bits / byte"), strict=True):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("head vocabulary size V")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8)
-    fig.suptitle("per-head compression and BPB on held-out text")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_by_source(results: list[HeadSourceResult], path: Path) -> None:
-    """Grouped bars: per source (language), BPB and bytes/token of each head."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sources = list(dict.fromkeys(r.source for r in results))
-    heads = sorted({(r.vocab_size, r.head) for r in results})
-    width = 0.8 / len(heads)
-    fig, axes = plt.subplots(2, 1, figsize=(max(7.0, 0.75 * len(sources) + 2), 7), sharex=True)
-    cell = {(r.source, r.head): r for r in results}
-    for k, (_, head) in enumerate(heads):
-        xs = [i + (k - (len(heads) - 1) / 2) * width for i in range(len(sources))]
-        rs = [cell[(s, head)] for s in sources]
-        axes[0].bar(xs, [r.bpb for r in rs], width, label=head)
-        axes[1].bar(xs, [r.bytes_per_token for r in rs], width, label=head)
-    axes[0].set_ylabel("bits / byte")
-    axes[1].set_ylabel("bytes / token")
-    axes[1].set_xticks(range(len(sources)), sources)
-    for ax in axes:
-        ax.grid(alpha=0.3, axis="y")
-    axes[0].legend(fontsize=8, title="head")
-    fig.suptitle("per-head BPB and compression by source")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def run_eval(model_dir: Path, files: list[Path], max_bytes: int, window: int,

@@ -90,7 +90,7 @@ def _heads_build(args: argparse.Namespace) -> None:
 def _heads_eval(args: argparse.Namespace) -> None:
     import torch
 
-    from heads.evaluate import AGGREGATE, aggregate, by_source, run_eval
+    from heads.evaluate import AGGREGATE, KINDS, aggregate, by_source, run_eval
     from heads.multilingual import languages, sample_path
     from server.logging_setup import configure_logging
 
@@ -121,6 +121,11 @@ def _heads_eval(args: argparse.Namespace) -> None:
         print(f"{source:<12}" + "".join(f"{row[h]['bytes_per_token']:>12.3f}"
                                         f"{row[h]['bpb']:>11.4f}" for h in heads)
               + "".join(f"{row[h]['bpb_vs_native']:>12.3f}" for h in heads[:-1]))
+    print(f"\nBPB by kind of token ({', '.join(KINDS)}; sums to the head's BPB)")
+    for source, row in table.items():
+        print(f"{source:<12}" + "  ".join(
+            f"{h}: " + "/".join(f"{row[h]['bpb_by_kind'][k]:.3f}" for k in KINDS)
+            for h in heads))
     print(f"plot: {png} and {png.with_name('eval-by-source.png')}"
           + ("; manifest updated" if args.update else ""))
 

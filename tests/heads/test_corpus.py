@@ -54,3 +54,37 @@ def test_build_from_user_files(tmp_path: Path) -> None:
         corpus_files(tmp_path, "train")
     with pytest.raises(CorpusError, match="not a file"):
         build_corpus(tmp_path / "o2", [tmp_path / "missing.txt"])
+
+
+def test_sources_are_english_by_default_and_opt_in_per_language() -> None:
+    from heads.corpus import SOURCES, all_sources, select_sources
+    from heads.multilingual import script_of
+
+    assert select_sources() == SOURCES and {s.language for s in SOURCES} == {"en"}
+    picked = select_sources(["de", "ja"])
+    assert [s.name for s in picked] == ["man-de", "man-ja"]
+    assert [s.language for s in picked] == ["de", "ja"]
+    assert [s.name for s in select_sources(["en", "hi"], ["wiki", "lohelp-hi"])] == [
+        "wiki", "lohelp-hi"]
+    every = select_sources(["all"])
+    assert every == all_sources() and len({s.name for s in every}) == len(every)
+    scripts = {script_of(s.language) for s in every}
+    assert {"latin", "cyrillic", "japanese", "han", "devanagari", "hangul"} <= scripts
+    with pytest.raises(CorpusError, match="no corpus source for xx"):
+        select_sources(["de", "xx"])
+    with pytest.raises(CorpusError, match="unknown source"):
+        select_sources(["de"], ["man-fr"])
+
+
+def test_corpus_index_keeps_sources_built_earlier(tmp_path: Path) -> None:
+    import json
+
+    a, b = tmp_path / "alpha.txt", tmp_path / "beta.txt"
+    a.write_text("one\n\ntwo")
+    b.write_text("three")
+    out = tmp_path / "out"
+    build_corpus(out, [a])
+    build_corpus(out, [b])
+    index = json.loads((out / "corpus.json").read_text())
+    assert [s["name"] for s in index["sources"]] == ["alpha", "beta"]
+    assert all(s["language"] == "en" for s in index["sources"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from heads.checkpoint import load_checkpoint
-from heads.evaluate import _plain, byte_windows, evaluate, sequence_bits
+from heads.evaluate import KINDS, _plain, byte_windows, evaluate, kind_of, sequence_bits
 from heads.manifest import MANIFEST_FILE, Manifest
 from heads.multilingual import sample, sample_path
 from server.cli import main
@@ -44,6 +44,14 @@ def test_byte_window_eval_scores_each_window_on_its_own(tiny_model_dir: Path) ->
         rs = [r for r in results if r.source == source]
         assert len(rs) == len(ckpt.manifest.heads)
         assert len({r.bytes for r in rs}) == 1  # every head scores the same bytes
+    native = max(ckpt.manifest.heads, key=lambda h: h.vocab_size).name
+    for r in results:  # the kinds split each head's bits exactly
+        assert set(r.bits_by_kind) == set(KINDS)
+        assert sum(r.bits_by_kind.values()) == pytest.approx(r.bits, rel=1e-9)
+        if r.head == native:
+            assert r.bits_by_kind["native"] == pytest.approx(r.bits, rel=1e-9)
+        else:
+            assert r.bits_by_kind["split_word"] > 0 and r.differing_tokens > 0
     # Recompute one head by hand: each byte window is one context, BOS first, all scored.
     head = min(ckpt.manifest.heads, key=lambda h: h.vocab_size).name
     (r,) = [r for r in results if r.source == "ja" and r.head == head]
@@ -59,6 +67,13 @@ def test_byte_window_eval_scores_each_window_on_its_own(tiny_model_dir: Path) ->
     by_tokens = evaluate(ckpt, files[1:], max_bytes=3000, window=64)
     (t,) = [x for x in by_tokens if x.head == head]
     assert t.bytes == r.bytes and t.bits != pytest.approx(r.bits, rel=1e-4)
+
+
+def test_kind_of() -> None:
+    assert kind_of("hello", True, False) == "native"
+    assert kind_of("<0xE3>", False, True) == "byte_fallback"
+    assert kind_of("\n\n", False, False) == kind_of(" ,", False, False) == "separator"
+    assert kind_of("ell", False, False) == kind_of("語", False, False) == "split_word"
 
 
 def test_cli_eval_per_language_no_update_by_default(tiny_model_dir: Path, tmp_path: Path,

@@ -68,3 +68,31 @@ def test_man_to_prose_renders_with_groff_and_leaves_no_roff() -> None:
     for line in text.splitlines():
         assert not line.startswith((".", "'")) and "\\f" not in line and "\\(" not in line
         assert "\x1b" not in line and "\b" not in line and not line.startswith(" ")
+
+
+@pytest.mark.skipif(not groff_available(), reason="groff not installed")
+def test_man_page_source_extracts_pages_and_drops_repeated_paragraphs(tmp_path) -> None:
+    import gzip
+
+    from heads.corpus_l10n import help_pages, man_pages
+
+    credit = (b".SH \\(:UBERSETZUNG\n"
+              b"Diese \\(:Ubersetzung ist Freie Dokumentation; lesen Sie die GPL.\n")
+    man1 = tmp_path / "usr/share/man/de/man1"
+    man1.mkdir(parents=True)
+    (man1 / "demo.1.gz").write_bytes(gzip.compress(PAGE + credit))
+    (man1 / "zwei.1").write_bytes(PAGE.replace(b"demo", b"zwei") + credit)
+    (man1 / "alias.1.gz").write_bytes(gzip.compress(b".so man1/demo.1\n"))
+    docs = dict(man_pages("de", "de")(tmp_path))
+    assert list(docs) == ["man1/demo.1.gz", "man1/zwei.1"]  # the alias stub has no text
+    assert "Übersetzung ist Freie Dokumentation" in docs["man1/demo.1.gz"]
+    assert "Übersetzung" not in docs["man1/zwei.1"]  # repeated boilerplate counted once
+    assert "zwei liest die Datei und gibt sie aus." in docs["man1/zwei.1"]
+
+    html = tmp_path / "usr/share/libreoffice/help/hi/text/shared/a.html"
+    html.parent.mkdir(parents=True)
+    html.write_text("<html><body>\n<p>LibreOffice Help</p>\n<p>" + "यह एक हिंदी वाक्य है। " * 4
+                    + "</p>\n<p>" + "An untranslated English paragraph stays out. " * 2
+                    + "</p>\n</body></html>", encoding="utf-8")
+    ((key, text),) = help_pages("hi")(tmp_path)
+    assert key == "shared/a.html" and text.startswith("यह एक हिंदी") and "English" not in text
