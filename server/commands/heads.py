@@ -14,6 +14,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     inspect.set_defaults(run=_heads_inspect)
     _register_build(hsub)
     _register_eval(hsub)
+    fit = hsub.add_parser(
+        "fit-penalty", help="fit the router's per-request BPB penalty model to an evaluation")
+    fit.add_argument("eval", type=Path, metavar="EVAL_BY_SOURCE_JSON",
+                     help="eval-by-source.json written by `heads eval` (e.g. --languages all)")
+    fit.add_argument("--bounds", default="0.05,0.1,0.15,0.25,0.5",
+                     help="max_bpb_loss values to show which heads each would exclude")
+    fit.set_defaults(run=_heads_fit_penalty)
 
 
 def _sizes(text: str) -> list[int]:
@@ -134,3 +141,32 @@ def _heads_inspect(args: argparse.Namespace) -> None:
     from heads.checkpoint import describe_checkpoint
 
     print(describe_checkpoint(args.dir))
+
+
+def _heads_fit_penalty(args: argparse.Namespace) -> None:
+    import json
+
+    from router.segmentation import PenaltyFit, fit_points
+    from server.commands.errors import CliError
+
+    try:
+        table = json.loads(args.eval.read_text())
+    except (OSError, ValueError) as e:
+        raise CliError(f"{args.eval}: {e}") from e
+    vocab = {h: int(x["vocab_size"]) for row in table.values() for h, x in row.items()}
+    points = fit_points(table, vocab)
+    if not points:
+        raise CliError(f"{args.eval}: no source has two heads to compare")
+    fit = PenaltyFit.fit([(x, f, y) for _, _, x, f, y in points])
+    bounds = [float(b) for b in args.bounds.split(",") if b.strip()]
+    print(f"{'source':8} {'head':6} {'split':>6} {'fallback':>8} {'measured':>9} "
+          f"{'predicted':>9}  excluded at max_bpb_loss")
+    for source, head, split, fallback, observed in points:
+        pred = fit.penalty(split, fallback)
+        out = " ".join(f"{b:g}" for b in bounds if pred > b)
+        print(f"{source:8} {head:6} {split:6.3f} {fallback:8.3f} {observed:+9.1%} "
+              f"{pred:+9.1%}  {out or '-'}")
+    mae = sum(abs(fit.penalty(x, f) - y) for _, _, x, f, y in points) / len(points)
+    print(f"\nPenaltyFit(per_split={fit.per_split:.3g}, per_fallback_share="
+          f"{fit.per_fallback_share:.3g}) over {len(points)} points; mean absolute error "
+          f"{mae:.3f}")

@@ -44,3 +44,17 @@ def test_simulate_multilingual_charges_measured_steps(tmp_path, capsys, tiny_mod
     assert "lifecycle:blind" in out
     rows = (tmp_path / "simulate-multilingual.csv").read_text().splitlines()
     assert any("/measured" in r for r in rows) and any("/self-scored" in r for r in rows)
+
+
+def test_fit_penalty_from_an_evaluation(tmp_path, capsys) -> None:
+    table = {lang: {"32k": {"vocab_size": 32768, "bytes_per_token": bpt32,
+                            "byte_fallback_share": 0.0, "bpb": 1.0 + 2.0 * (1 - bpt32 / 4.0)},
+                    "262k": {"vocab_size": 262144, "bytes_per_token": 4.0,
+                             "byte_fallback_share": 0.0, "bpb": 1.0}}
+             for lang, bpt32 in (("en", 3.6), ("de", 2.8), ("ru", 1.0))}
+    path = tmp_path / "eval-by-source.json"
+    path.write_text(json.dumps(table))
+    assert main(["heads", "fit-penalty", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "PenaltyFit(per_split=2, per_fallback_share=0) over 3 points" in out
+    assert "ru" in out and "+150.0%" in out
