@@ -31,6 +31,7 @@ from router.errors import (
     UnknownHead,
     VersionConflict,
 )
+from server.schemas import UNSUPPORTED_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,9 @@ def validation_error(exc: RequestValidationError) -> APIError:
         loc = [str(p) for p in e.get("loc", ()) if p != "body"]
         if kind == "extra_forbidden":
             field = ".".join(loc)
-            return BadRequest(f"unknown field '{field}'", param=field or None)
+            why = UNSUPPORTED_FIELDS.get(field)
+            return BadRequest(f"{field}: {why}" if why else f"unknown field '{field}'",
+                              param=field or None)
         if kind == "invalid_unicode":
             field = str((e.get("ctx") or {}).get("field", "body"))
             err = BadRequest(str(e.get("msg")), param=field)

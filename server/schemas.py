@@ -10,7 +10,17 @@ from pydantic_core import PydanticCustomError
 # OpenAI-documented fields that do not change what is generated: accepted, ignored, and
 # named in the x-polyhead-ignored-fields response header. Anything else unknown is a 400.
 IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls",
-                  "reasoning_effort", "modalities", "prompt_cache_key", "safety_identifier")
+                  "reasoning_effort", "modalities", "prompt_cache_key", "safety_identifier",
+                  "prediction")
+
+# OpenAI-documented fields that would change the output and are not served: a 400 that
+# says so, rather than "unknown field".
+UNSUPPORTED_FIELDS = {
+    "audio": "audio output is not supported",
+    "functions": "function calling is not supported",
+    "function_call": "function calling is not supported",
+    "web_search_options": "web search is not supported",
+}
 
 # Bound the integers that reach the engine's C code (int64 there); beyond any vocabulary.
 MAX_TOP_K = 2**31 - 1
@@ -85,7 +95,8 @@ class SamplingFields(RequestBody):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    # Any int64, as OpenAI and vLLM take it; each choice runs on (seed + index) mod 2**63.
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
@@ -100,6 +111,7 @@ class SamplingFields(RequestBody):
     modalities: list[str] | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    prediction: dict[str, Any] | None = None  # predicted output: a latency hint only
 
     @field_validator("modalities")
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import httpx
@@ -80,6 +81,7 @@ def test_drain_on_one_replica_reaches_the_other(tiny_model_dir, tmp_path, redis_
         _until(a.url, "8k", "active", 1.0)
         _until(c.url, "8k", "active", 1.0)
         assert _pinned(a.url, "8k").status_code == 200
+        sys.stdout.write(f"\ndrain on a seen by b after {took * 1000:.0f} ms\n")
         assert took < 1.0
     finally:
         for gw in (a, b, c):

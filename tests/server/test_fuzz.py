@@ -86,7 +86,7 @@ def _restore(gw: Gateway) -> None:
 
 
 @schema.parametrize()
-@settings(FUZZ_SETTINGS, max_examples=40)
+@settings(FUZZ_SETTINGS, max_examples=30)
 def test_schemathesis_no_server_errors(case, fuzz_gateway: Gateway) -> None:
     r = case.call(base_url=fuzz_gateway.url, headers=AUTH, timeout=60)
     check_answer(r, "schemathesis")
@@ -207,7 +207,7 @@ def test_raw_hostile_bodies_are_4xx(fuzz_gateway: Gateway, body: bytes) -> None:
 
 @pytest.mark.parametrize(("path", "field"), [
     (path, f) for path, fields in FIELDS.items() for f in (*fields, UNKNOWN)])
-@settings(FUZZ_SETTINGS, max_examples=12)
+@settings(FUZZ_SETTINGS, max_examples=10)
 @given(data=st.data())
 def test_hypothesis_openai_bodies(fuzz_gateway: Gateway, path: str, field: str,
                                   data: st.DataObject) -> None:
