@@ -20,6 +20,7 @@ class EngineConfig:
     max_num_seqs: int = 32  # running sequences per step
     max_num_batched_tokens: int = 1024  # tokens per prefill step; a prompt is never chunked
     max_model_len: int | None = None  # prompt + output tokens; None: the backbone's limit
+    enable_prefix_caching: bool = True  # reuse full KV blocks of earlier prompts, per head
     device: str = "cpu"
 
     def __post_init__(self) -> None:

@@ -48,6 +48,7 @@ class TokenEvent:
     logprob: float | None
     finish_reason: str | None  # "stop" | "length" | None
     prompt_score: PromptScore | None = None  # on the first event, when asked for
+    cached_tokens: int | None = None  # on the first event: prompt tokens the prefix cache served
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +78,7 @@ class LocalEngine:
         backbone = model.manifest.backbone
         self.max_model_len = config.model_len(backbone)
         num_blocks = config.num_blocks(backbone, model.dtype_name)
-        self._blocks = BlockManager(num_blocks, config.block_size)
+        self._blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self._scheduler = Scheduler(
             self._blocks, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
         )
@@ -141,6 +142,12 @@ class LocalEngine:
 
     def total_blocks(self) -> int:
         return self._blocks.num_blocks
+
+    def prefix_cache_counts(self) -> dict[str, tuple[int, int]]:
+        """-> {head: (prompt tokens queried, prompt tokens found)} at first admissions."""
+        with self._cond:
+            stats = self._blocks.stats
+            return {h: (q, stats.hits.get(h, 0)) for h, q in stats.queries.items()}
 
     def kernel_counts(self) -> dict[tuple[str, str], int]:
         """Head groups unembedded so far, per (head, kernel)."""
@@ -228,7 +235,8 @@ class LocalEngine:
                 scores = out.prompt_scores or [None] * len(seqs)
                 for seq, tok, lp, reason, score in zip(seqs, out.token_ids, out.logprobs,
                                                        reasons, scores, strict=True):
-                    self._send(seq.seq_id, TokenEvent(tok, lp, reason, score))
+                    cached = seq.cached_prompt_tokens if len(seq.output_ids) == 1 else None
+                    self._send(seq.seq_id, TokenEvent(tok, lp, reason, score, cached))
         except Exception as e:
             log.exception("engine step failed; failing its requests")
             with self._cond:
@@ -237,6 +245,7 @@ class LocalEngine:
                 for seq in victims:
                     self._scheduler.finish(seq, "abort")
                     self._send(seq.seq_id, EngineError(f"engine step failed: {e!r}"))
+                self._blocks.reset_cache()  # blocks keyed this step may never have been written
 
     def _apply_commands(self) -> None:
         # Callers hold _cond. Adds first, so an abort that overtook its add still finds it.

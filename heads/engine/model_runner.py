@@ -3,6 +3,7 @@ mixed-head batch, then unembeds and samples once per head group."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -63,20 +64,29 @@ class ModelRunner:
     def _prepare_prefill(
         self, seqs: list[Sequence]
     ) -> tuple[list[int], list[int], AttentionMetadata, list[int]]:
-        # A prefill covers all of a sequence's tokens: the prompt, plus its outputs after a
-        # preemption by recompute.
+        # A prefill covers a sequence's tokens after its cached prefix: the prompt, plus its
+        # outputs after a preemption by recompute.
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         lens: list[int] = []
-        for seq in seqs:
+        cached = [s.num_cached_tokens for s in seqs]
+        for seq, c in zip(seqs, cached, strict=True):
             n = seq.num_tokens
-            ids += seq.token_ids
-            positions += range(n)
-            slots += slots_for(seq.block_table, 0, n, self.block_size)
-            lens.append(n)
-        last = [sum(lens[: i + 1]) - 1 for i in range(len(lens))]
-        return ids, positions, AttentionMetadata.prefill(lens, self._tensor(slots)), last
+            ids += seq.token_ids[c:]
+            positions += range(c, n)
+            slots += slots_for(seq.block_table, c, n, self.block_size)
+            lens.append(n - c)
+        last = [x - 1 for x in itertools.accumulate(lens)]  # each sequence's last row
+        tables = self._tables(seqs) if any(cached) else None
+        meta = AttentionMetadata.prefill(lens, self._tensor(slots), cached, tables)
+        return ids, positions, meta, last
+
+    def _tables(self, seqs: list[Sequence]) -> torch.Tensor:
+        # -> [B, max_blocks] int64, padded with block 0 (masked by length)
+        width = max(len(s.block_table) for s in seqs)
+        rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+        return self._tensor([i for row in rows for i in row]).view(len(seqs), width)
 
     def _prepare_decode(
         self, seqs: list[Sequence]
@@ -85,12 +95,8 @@ class ModelRunner:
         positions = [seq.num_tokens - 1 for seq in seqs]
         slots = [slots_for(s.block_table, p, p + 1, self.block_size)[0]
                  for s, p in zip(seqs, positions, strict=True)]
-        width = max(len(s.block_table) for s in seqs)
-        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]  # 0: masked
         meta = AttentionMetadata.decode(
-            self._tensor(slots),
-            self._tensor([i for row in tables for i in row]).view(len(seqs), width),
-            self._tensor([s.num_tokens for s in seqs]),
+            self._tensor(slots), self._tables(seqs), self._tensor([s.num_tokens for s in seqs]),
         )
         return ids, positions, meta, list(range(len(seqs)))
 
@@ -112,7 +118,7 @@ class ModelRunner:
         prepare = self._prepare_prefill if is_prefill else self._prepare_decode
         ids, positions, meta, last = prepare(seqs)
         token_heads = (
-            [s.head for s in seqs for _ in range(s.num_tokens)] if is_prefill
+            [s.head for s in seqs for _ in range(s.num_tokens - s.num_cached_tokens)] if is_prefill
             else [s.head for s in seqs]
         )
         x = self._embed(token_heads, self._tensor(ids))  # [T, d]
@@ -149,6 +155,7 @@ class ModelRunner:
                last: list[int]) -> list[PromptScore | None] | None:
         # hidden: [T, d]; a sequence's rows end at last[i]. Only a first prefill is scored:
         # after a preemption by recompute its first token (and the score) went out already.
+        # A scored prompt is never served from the prefix cache: all its rows are here.
         jobs = [(i, ScoreJob(s.head, last[i] - s.num_tokens + 1, s.prompt_ids,
                              s.score_positions, s.params.seed))
                 for i, s in enumerate(seqs)

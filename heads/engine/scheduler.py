@@ -6,7 +6,8 @@
 - Otherwise decode every running sequence. When a sequence cannot get a block for its next
   token, the most recently admitted running sequence is preempted by recompute: its blocks
   are freed and it goes back to the front of the queue, to be prefilled again over prompt +
-  outputs so far. Sampling noise is keyed by position, so a recompute samples the same tokens.
+  outputs so far; its freed blocks stay findable in the prefix cache until they are reused.
+  Sampling noise is keyed by position, so a recompute samples the same tokens.
 - A request whose worst case can never fit (alone, in an empty cache) is refused at add time
   with EngineOverloaded, so the queue can never hold a sequence that blocks it forever.
 """
@@ -81,7 +82,7 @@ class Scheduler:
             self.waiting.popleft()
             self.block_manager.allocate(seq)
             seq.status = SequenceStatus.RUNNING
-            tokens += seq.num_tokens
+            tokens += seq.num_tokens - seq.num_cached_tokens
             batch.append(seq)
         if batch:
             self.running.extend(batch)

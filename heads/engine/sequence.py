@@ -36,6 +36,8 @@ class Sequence:
     seq_id: int = field(default_factory=lambda: next(_ids))  # engine-unique, unlike request_id
     output_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # leading tokens whose KV the prefix cache supplied this prefill
+    cached_prompt_tokens: int = 0  # the same at the first prefill (what usage reports)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     num_preemptions: int = 0

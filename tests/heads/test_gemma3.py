@@ -10,7 +10,7 @@ from heads.attention import AttentionMetadata, allocate_kv_cache
 from heads.errors import CheckpointError
 from heads.manifest import BackboneConfig, HeadSpec, Manifest
 from heads.model import MultiHeadModel
-from tests.heads.paged_oracle import BLOCK, check_prefill_and_decode
+from tests.heads.paged_oracle import BLOCK, check_cached_prefix, check_prefill_and_decode
 
 V = 1000
 WINDOW = 5  # shorter than both prompts, so the sliding mask matters in prefill and decode
@@ -77,6 +77,12 @@ def test_prefill_and_decode_match_transformers(models) -> None:
     model, hf = models
     check_prefill_and_decode(model, hf, V, (11, 7))
 
+
+
+def test_prefill_after_a_cached_prefix_matches_transformers(models) -> None:
+    """Prefix longer than the window, so the sliding mask spans cached and new keys."""
+    model, hf = models
+    check_cached_prefix(model, hf, V, (12, 0), (5, 9))
 
 def test_window_changes_the_output(models) -> None:
     """Guards the test above: with a window wider than every sequence the logits differ."""
