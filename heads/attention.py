@@ -64,6 +64,14 @@ class AttentionMetadata:
         )
 
 
+# One metadata for every layer, or one per layer (KV groups with their own block tables).
+StepMetadata = AttentionMetadata | list[AttentionMetadata]
+
+
+def per_layer(meta: StepMetadata, num_layers: int) -> list[AttentionMetadata]:
+    return meta if isinstance(meta, list) else [meta] * num_layers
+
+
 def allocate_kv_cache(
     num_layers: int,
     num_blocks: int,
@@ -113,7 +121,8 @@ def prefill_attention(
         c = prefix.cached_lens[i] if prefix is not None else 0
         if c:
             assert prefix is not None
-            out[start:end] = _after_prefix(q[start:end], prefix, i, c, scale, window)
+            out[start:end] = _after_prefix(q[start:end], k[start:end], v[start:end], prefix, i,
+                                           c, scale, window)
         else:
             out[start:end] = _causal(q[start:end], k[start:end], v[start:end], scale, window)
         start = end
@@ -122,29 +131,32 @@ def prefill_attention(
 
 @dataclass(frozen=True, slots=True)
 class _Prefix:
-    k_cache: torch.Tensor  # [N, bs, n_kv, Dh], this step's K/V already written
+    k_cache: torch.Tensor  # [N, bs, n_kv, Dh]
     v_cache: torch.Tensor
     block_tables: torch.Tensor  # [B, max_blocks]
     cached_lens: tuple[int, ...]
 
 
 def _after_prefix(
-    q: torch.Tensor, p: _Prefix, i: int, cached: int, scale: float, window: int | None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: _Prefix, i: int, cached: int,
+    scale: float, window: int | None,
 ) -> torch.Tensor:
-    # q: [n, H, Dh] for positions cached..cached+n-1; keys: positions 0..cached+n-1 of seq i
+    # q, k, v: [n, *, Dh] for positions cached..cached+n-1; keys: the cached positions
+    # 0..cached-1 from seq i's blocks, then this step's own (which may not all be kept: a
+    # sliding group writes the ones behind its final window to the pad block).
     n = q.shape[0]
     total = cached + n
     bs, n_kv, dh = p.k_cache.shape[1], p.k_cache.shape[2], p.k_cache.shape[3]
-    table = p.block_tables[i, : -(-total // bs)]
-    k = p.k_cache[table].view(-1, n_kv, dh)[:total]  # [total, n_kv, Dh]
-    v = p.v_cache[table].view(-1, n_kv, dh)[:total]
+    table = p.block_tables[i, : -(-cached // bs)]
+    k_all = torch.cat((p.k_cache[table].view(-1, n_kv, dh)[:cached], k))  # [total, n_kv, Dh]
+    v_all = torch.cat((p.v_cache[table].view(-1, n_kv, dh)[:cached], v))
     q_pos = torch.arange(cached, total, device=q.device)[:, None]
     k_pos = torch.arange(total, device=q.device)[None, :]
     mask = k_pos <= q_pos  # [n, total]
     if window is not None:
         mask &= k_pos > q_pos - window
     o = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask,
+        q.transpose(0, 1), k_all.transpose(0, 1), v_all.transpose(0, 1), attn_mask=mask,
         scale=scale, enable_gqa=q.shape[1] != n_kv,
     )
     return o.transpose(0, 1)

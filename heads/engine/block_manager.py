@@ -1,21 +1,26 @@
-"""KV block bookkeeping with automatic prefix caching.
+"""KV block bookkeeping: one pool of blocks, a block table per sequence and KV group, sliding
+groups trimmed to their window, and automatic prefix caching.
 
-Each sequence owns a block table. A full block is keyed by a hash chain over (head, its token
-ids, the previous block's key), so two sequences of one head whose token ids agree up to a
-block edge can share the blocks before it. Token ids are per head, so the cache is per head:
-the same ids under another head are different tokens and never match.
+Groups (heads.engine.kv_layout): a full-attention group holds a block for every position; a
+sliding group of window W holds only the blocks a query can still reach (positions >= the
+newest position - W + 1, kept from one block earlier) and hands the older ones back as the
+sequence grows. Their table entries become PAD, a spare block past the pool that takes the
+writes nobody will read and the padding of batched tables; attention masks it.
+
+Prefix caching: a full block is keyed by a hash chain over (head, its token ids, the previous
+block's key), so two sequences of one head whose ids agree up to a block edge share the blocks
+before it, in every group. Token ids are per head, so the cache is per head.
 
 - Blocks carry a reference count; a shared block is held once however many sequences use it,
   so "used" (and the admission figure built on it) counts it once.
-- A freed block keeps its key and goes to the back of the free queue; it can be found again
-  until it is taken for new content (least recently freed first), which is the LRU reuse.
-- A sequence's tail blocks are queued before its head blocks when freed, so a long shared
-  prefix outlives the tails that hang off it.
-- A hash hit is checked against the stored (head, token ids), so a collision cannot mix KV.
-- At least the last token of a sequence is always computed (its logits are needed), so a
-  prefill reuses at most (num_tokens - 1) // block_size blocks.
-
-With caching off the manager is the plain free list it was before: no keys, no lookups.
+- A freed block keeps its key at the back of the free queue and can be found again until it
+  is taken for new content (least recently freed first): LRU reuse. A sequence's tail blocks
+  are queued before its head blocks, so a long shared prefix outlives the tails hanging off it.
+- A hit is checked against the stored (head, token ids, group), so a collision cannot mix KV.
+- A hit needs every full group's blocks up to the cut and each sliding group's blocks within
+  the window before it; the cut moves back until both hold.
+- At least the last token is always computed (its logits are needed), so a prefill reuses at
+  most (num_tokens - 1) // block_size blocks.
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from heads.engine.kv_layout import KVLayout
 from heads.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
-_BlockKey = tuple[str, tuple[int, ...]]  # (head, token ids of the block)
+_BlockKey = tuple[str, tuple[int, ...], int]  # (head, token ids of the block, group)
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -61,12 +67,15 @@ class PrefixStats:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True,
+                 layout: KVLayout | None = None) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be > 0")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix_caching = prefix_caching
+        self.windows: tuple[int | None, ...] = layout.windows if layout else (None,)
+        self.pad = num_blocks  # the spare block: the KV tensors hold num_blocks + 1
         self._blocks = [_Block() for _ in range(num_blocks)]
         # Free blocks, least recently freed first; values unused (an ordered set).
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
@@ -83,91 +92,151 @@ class BlockManager:
         """Blocks whose content can be found by key (held or not)."""
         return len(self._by_hash)
 
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Most blocks a sequence of num_tokens ever holds at once (over every group)."""
+        nb = blocks_for(num_tokens, self.block_size)
+        # A sliding group peaks in a prefill after a cached prefix: the window before the
+        # cut plus the window at the end, each at most W // bs + 2 blocks.
+        return sum(nb if w is None else min(nb, 2 * (w // self.block_size + 2))
+                   for w in self.windows)
+
+    def _lo(self, window: int | None, n: int) -> int:
+        """First block a group keeps once the newest query is at position n - 1."""
+        return 0 if window is None else max(0, n - window) // self.block_size
+
     # --- lookups ---------------------------------------------------------------------------
 
-    def _full_keys(self, seq: Sequence, limit: int) -> list[tuple[int, _BlockKey]]:
-        # -> (hash, key) of the sequence's first `limit` full blocks
+    def _chain(self, seq: Sequence, count: int) -> list[tuple[int, tuple[int, ...]]]:
+        # -> (chain hash, token ids) of the sequence's first `count` full blocks
         ids, bs = seq.token_ids, self.block_size
-        out: list[tuple[int, _BlockKey]] = []
+        out: list[tuple[int, tuple[int, ...]]] = []
         parent: int | None = None
-        for i in range(limit):
+        for i in range(count):
             toks = tuple(ids[i * bs:(i + 1) * bs])
             parent = chain_hash(parent, seq.head, toks)
-            out.append((parent, (seq.head, toks)))
+            out.append((parent, toks))
         return out
 
-    def _hits(self, seq: Sequence) -> list[int]:
-        """Blocks holding the sequence's leading full blocks, longest run from the start."""
+    def _find(self, head: str, chain: tuple[int, tuple[int, ...]], g: int) -> int | None:
+        h, toks = chain
+        b = self._by_hash.get(hash((h, g)))
+        if b is None or self._blocks[b].key != (head, toks, g):
+            return None
+        return b
+
+    def _hits(self, seq: Sequence) -> list[list[int]]:
+        """-> per group, the blocks of the longest reusable prefix (PAD behind a window)."""
         if not self.prefix_caching or (seq.score_prompt and seq.prompt_score is None):
-            return []  # a scored prompt needs the hidden state of every position
-        found: list[int] = []
-        for h, key in self._full_keys(seq, (seq.num_tokens - 1) // self.block_size):
-            b = self._by_hash.get(h)
-            if b is None or self._blocks[b].key != key:
+            return [[] for _ in self.windows]  # a scored prompt needs every hidden state
+        chain = self._chain(seq, (seq.num_tokens - 1) // self.block_size)
+        found: dict[tuple[int, int], int | None] = {}
+
+        def get(g: int, i: int) -> int | None:
+            if (g, i) not in found:
+                found[g, i] = self._find(seq.head, chain[i], g)
+            return found[g, i]
+
+        k = 0
+        full = [g for g, w in enumerate(self.windows) if w is None]
+        while k < len(chain) and all(get(g, k) is not None for g in full):
+            k += 1
+        while k > 0:
+            c = k * self.block_size
+            if all(get(g, i) is not None
+                   for g, w in enumerate(self.windows) if w is not None
+                   for i in range(self._lo(w, c + 1), k)):
                 break
-            found.append(b)
-        return found
+            k -= 1
+        out = []
+        for g, w in enumerate(self.windows):
+            lo = self._lo(w, k * self.block_size + 1)
+            row = [get(g, i) if i >= lo else None for i in range(k)]
+            out.append([self.pad if b is None else b for b in row])
+        return out
 
     # --- allocation ------------------------------------------------------------------------
+
+    def _plan(self, seq: Sequence) -> tuple[list[list[int]], int]:
+        # -> (hit tables, blocks to take from the free queue)
+        hits = self._hits(seq)
+        k = len(hits[0])
+        n = seq.num_tokens
+        nb = blocks_for(n, self.block_size)
+        cost = 0
+        for w, table in zip(self.windows, hits, strict=True):
+            cost += sum(1 for b in table if b != self.pad and self._blocks[b].ref == 0)
+            cost += nb - max(k, self._lo(w, n))
+        return hits, cost
 
     def can_allocate(self, seq: Sequence) -> bool:
         """Room for the KV of all the sequence's tokens (a prefill or a recompute); blocks
         already held by other sequences cost nothing."""
-        need = blocks_for(seq.num_tokens, self.block_size)
-        held = sum(1 for b in self._hits(seq) if self._blocks[b].ref > 0)
-        return need - held <= self.num_free
+        return self._plan(seq)[1] <= self.num_free
 
     def allocate(self, seq: Sequence) -> None:
-        """Give the sequence its block table; sets seq.num_cached_tokens to the tokens whose
+        """Give the sequence its block tables; sets seq.num_cached_tokens to the tokens whose
         KV is already there (the prefill computes only the rest)."""
-        if seq.block_table:
+        if seq.block_tables:
             raise RuntimeError(f"sequence {seq.seq_id} already holds blocks")
-        if not self.can_allocate(seq):
+        hits, cost = self._plan(seq)
+        if cost > self.num_free:
             raise RuntimeError(f"no room for the {seq.num_tokens} tokens of {seq.seq_id}")
-        hits = self._hits(seq)
-        for b in hits:
-            if self._blocks[b].ref == 0:
-                del self._free[b]
-            self._blocks[b].ref += 1
-        seq.block_table = hits + [self._take() for _ in
-                                  range(blocks_for(seq.num_tokens, self.block_size) - len(hits))]
-        seq.num_cached_tokens = len(hits) * self.block_size
+        k = len(hits[0])
+        n = seq.num_tokens
+        nb = blocks_for(n, self.block_size)
+        chain = self._chain(seq, n // self.block_size)
+        seq.block_hashes = [h for h, _ in chain]
+        seq.block_tables = []
+        for g, (w, table) in enumerate(zip(self.windows, hits, strict=True)):
+            for b in table:
+                if b != self.pad:
+                    self._hold(b)
+            lo = self._lo(w, n)
+            fresh = [self._take() if i >= lo else self.pad for i in range(k, nb)]
+            seq.block_tables.append(table + fresh)
+            # Key every full block now: this step writes its KV before any later step reads
+            # it, and within the step each layer writes the batch's K/V before attending.
+            for i in range(k, len(chain)):
+                if fresh[i - k] != self.pad:
+                    self._register(fresh[i - k], chain[i], seq.head, g)
+        seq.num_cached_tokens = k * self.block_size
         if seq.num_preemptions == 0:
             seq.cached_prompt_tokens = seq.num_cached_tokens
             self.stats.add(seq.head, len(seq.prompt_ids), seq.num_cached_tokens)
-        # Register every full block now: this step writes their KV before any later step
-        # reads it, and within the step each layer writes the batch's K/V before attending.
-        full = seq.num_tokens // self.block_size
-        for i, (h, key) in enumerate(self._full_keys(seq, full)):
-            if i >= len(hits):
-                self._register(seq.block_table[i], h, key)
 
     def can_append(self, seq: Sequence) -> bool:
         """Room to write the KV of the sequence's last token (the next decode step)."""
-        return self._missing(seq) <= self.num_free
+        n = seq.num_tokens
+        need = sum(1 for t in seq.block_tables if len(t) < blocks_for(n, self.block_size))
+        released = sum(1 for w, t in zip(self.windows, seq.block_tables, strict=True)
+                       for b in t[:self._lo(w, n)] if b != self.pad and self._blocks[b].ref == 1)
+        return need <= self.num_free + released
 
     def may_append(self, seq: Sequence) -> None:
-        for _ in range(self._missing(seq)):
-            seq.block_table.append(self._take())
         n, bs = seq.num_tokens, self.block_size
-        if self.prefix_caching and n % bs == 0:
-            # This step's token completes the last block: key it on the chain so far.
-            idx = n // bs - 1
-            parent = self._blocks[seq.block_table[idx - 1]].key_hash if idx else None
-            if idx == 0 or parent is not None:
-                toks = tuple(seq.token_ids[idx * bs:n])
-                self._register(seq.block_table[idx], chain_hash(parent, seq.head, toks),
-                               (seq.head, toks))
+        for w, table in zip(self.windows, seq.block_tables, strict=True):
+            for i in range(self._lo(w, n)):  # behind the window now: hand back
+                if table[i] != self.pad:
+                    self._release(table[i])
+                    table[i] = self.pad
+            if len(table) < blocks_for(n, bs):
+                table.append(self._take())
+        if n % bs == 0:  # this step's token completes the last block: key it
+            toks = tuple(seq.token_ids[n - bs:n])
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            if len(seq.block_hashes) == n // bs - 1:
+                h = chain_hash(parent, seq.head, toks)
+                seq.block_hashes.append(h)
+                for g, table in enumerate(seq.block_tables):
+                    self._register(table[-1], (h, toks), seq.head, g)
 
     def free(self, seq: Sequence) -> None:
-        for b in reversed(seq.block_table):  # tails first in the queue: evicted first
-            blk = self._blocks[b]
-            blk.ref -= 1
-            if blk.ref == 0:
-                self._free[b] = None
-            elif blk.ref < 0:
-                raise RuntimeError(f"block {b} freed more often than taken")
-        seq.block_table = []
+        for table in seq.block_tables:
+            for b in reversed(table):  # tails first in the queue: evicted first
+                if b != self.pad:
+                    self._release(b)
+        seq.block_tables = []
+        seq.block_hashes = []
         seq.num_cached_tokens = 0
 
     def reset_cache(self) -> None:
@@ -178,18 +247,28 @@ class BlockManager:
 
     # --- internals -------------------------------------------------------------------------
 
-    def _register(self, b: int, h: int, key: _BlockKey) -> None:
+    def _register(self, b: int, chain: tuple[int, tuple[int, ...]], head: str, g: int) -> None:
         if not self.prefix_caching:
             return
         blk = self._blocks[b]
         if blk.key_hash is not None:
             return  # already keyed (a shared block)
-        blk.key_hash, blk.key = h, key
+        blk.key_hash, blk.key = hash((chain[0], g)), (head, chain[1], g)
         # Two sequences that computed the same content: the newer copy becomes the one found.
-        self._by_hash[h] = b
+        self._by_hash[blk.key_hash] = b
 
-    def _missing(self, seq: Sequence) -> int:
-        return max(0, blocks_for(seq.num_tokens, self.block_size) - len(seq.block_table))
+    def _hold(self, b: int) -> None:
+        if self._blocks[b].ref == 0:
+            del self._free[b]
+        self._blocks[b].ref += 1
+
+    def _release(self, b: int) -> None:
+        blk = self._blocks[b]
+        blk.ref -= 1
+        if blk.ref == 0:
+            self._free[b] = None
+        elif blk.ref < 0:
+            raise RuntimeError(f"block {b} freed more often than taken")
 
     def _take(self) -> int:
         b, _ = self._free.popitem(last=False)

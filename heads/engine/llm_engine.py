@@ -78,7 +78,9 @@ class LocalEngine:
         backbone = model.manifest.backbone
         self.max_model_len = config.model_len(backbone)
         num_blocks = config.num_blocks(backbone, model.dtype_name)
-        self._blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.layout = config.layout(backbone)
+        self._blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                    self.layout)
         self._scheduler = Scheduler(
             self._blocks, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
         )
@@ -136,12 +138,24 @@ class LocalEngine:
             for h in self.model.heads
         }
 
+    # Block figures for callers are in blocks over all layers (block_size tokens of every
+    # layer's K and V): the pool's blocks hold one KV group each, so they are divided by the
+    # number of groups. A sequence on a model with sliding-window groups holds fewer of them
+    # than its token count says; a block shared through the prefix cache counts once.
+
     def free_blocks(self) -> int:
         with self._cond:
-            return self._blocks.num_free
+            used = self._blocks.num_blocks - self._blocks.num_free
+        return self.total_blocks() - -(-used // self.layout.num_groups)
 
     def total_blocks(self) -> int:
-        return self._blocks.num_blocks
+        return self._blocks.num_blocks // self.layout.num_groups
+
+    def kv_bytes_held(self) -> int:
+        """Bytes of KV the running sequences hold now (shared blocks once)."""
+        with self._cond:
+            used = self._blocks.num_blocks - self._blocks.num_free
+        return used * self._runner.block_bytes
 
     def prefix_cache_counts(self) -> dict[str, tuple[int, int]]:
         """-> {head: (prompt tokens queried, prompt tokens found)} at first admissions."""

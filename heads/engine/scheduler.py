@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from heads.engine.block_manager import BlockManager, blocks_for
+from heads.engine.block_manager import BlockManager
 from heads.engine.sequence import Sequence, SequenceStatus
 from heads.errors import EngineOverloaded
 
@@ -51,7 +51,7 @@ class Scheduler:
         # Worst case: every output token is produced and then a preemption re-prefills them
         # all. The last sampled token never needs KV, but counting it keeps this simple.
         worst = min(len(seq.prompt_ids) + seq.max_tokens, self.max_model_len)
-        need = blocks_for(worst, self.block_manager.block_size)
+        need = self.block_manager.blocks_needed(worst)
         if need > self.block_manager.num_blocks:
             raise EngineOverloaded(
                 f"request needs up to {need} KV blocks, the cache has "

@@ -115,3 +115,95 @@ def test_manifest_round_trip_and_validation() -> None:
         Manifest.from_dict(raw)
     with pytest.raises(CheckpointError, match="softcapping"):
         MultiHeadModel.random(_manifest(final_logit_softcapping=30.0), seed=0)
+
+
+def test_sliding_kv_groups_match_transformers(models) -> None:
+    """Through the engine's block manager and runner: sliding layers keep only their window's
+    blocks (a prompt of 3 windows, then decode), and a second prompt reuses the first's
+    cached prefix, sliding blocks included; every step's logits match transformers."""
+    from heads.engine.block_manager import BlockManager
+    from heads.engine.config import EngineConfig
+    from heads.engine.model_runner import ModelRunner
+    from heads.engine.sequence import Sequence
+    from kernels.sampling_params import RowParams
+    from tests.heads.paged_oracle import TOL, hf_logits
+
+    model, hf = models
+    cfg = EngineConfig(block_size=BLOCK, num_kv_blocks=16)
+    layout = cfg.layout(model.manifest.backbone)
+    assert layout.windows == (None, WINDOW, WINDOW, WINDOW) and layout.group_size == 1
+    units = cfg.num_blocks(model.manifest.backbone, "float32")
+    runner = ModelRunner(model, cfg, units)
+    bm = BlockManager(units, BLOCK, True, layout)
+    w = model.unembedding_rows("1k")
+    gen = torch.Generator().manual_seed(5)
+
+    def logits(seq: Sequence, prefill: bool) -> torch.Tensor:
+        prep = runner._prepare_prefill if prefill else runner._prepare_decode
+        ids, pos, metas, last = prep([seq])
+        with torch.inference_mode():
+            h = model(model.embed("1k", torch.tensor(ids)), torch.tensor(pos), metas,
+                      runner.kv_cache)
+        return h @ w.T
+
+    prompt = torch.randint(0, V, (15,), generator=gen).tolist()
+    first = Sequence("a", "1k", prompt, RowParams(temperature=0.0), max_tokens=10)
+    bm.allocate(first)
+    # 4 blocks for the full group; sliding groups keep blocks from (15 - 5) // 4 = 2 on.
+    assert [len([b for b in t if b != bm.pad]) for t in first.block_tables] == [4, 2, 2, 2]
+    torch.testing.assert_close(logits(first, True), hf_logits(hf, prompt), atol=TOL, rtol=0)
+    for _ in range(6):
+        first.output_ids.append(int(torch.randint(0, V, (1,), generator=gen)))
+        bm.may_append(first)
+        want = hf_logits(hf, first.token_ids)[-1]
+        torch.testing.assert_close(logits(first, False)[0], want, atol=TOL, rtol=0)
+    held = [len([b for b in t if b != bm.pad]) for t in first.block_tables]
+    assert held[0] == 6 and max(held[1:]) <= 3  # 21 tokens: 6 blocks full, a window sliding
+
+    second = Sequence("b", "1k", first.token_ids[:16] + [7, 8, 9], RowParams(temperature=0.0),
+                      max_tokens=4)
+    bm.free(first)
+    bm.allocate(second)
+    assert second.num_cached_tokens == 16
+    torch.testing.assert_close(logits(second, True), hf_logits(hf, second.token_ids)[16:],
+                               atol=TOL, rtol=0)
+
+
+def test_engine_output_is_the_same_with_and_without_sliding_kv(models) -> None:
+    """Greedy decoding through the engine, prompts longer than the window, a shared prefix
+    and a cache small enough to preempt: the same tokens whether sliding layers keep their
+    window or every position, with the prefix cache on or off."""
+    import asyncio
+
+    from heads.engine.config import EngineConfig
+    from heads.engine.llm_engine import GenerationRequest, LocalEngine
+    from kernels.sampling_params import RowParams
+
+    model, _ = models
+    base = tuple(range(40, 58))  # 18 tokens
+    reqs = [GenerationRequest(str(i), "1k", base + (i + 3,), 14, RowParams(temperature=0.0),
+                              frozenset()) for i in range(3)]
+
+    async def collect(engine: LocalEngine, req: GenerationRequest) -> list[int]:
+        return [e.token_id async for e in engine.generate(req)]
+
+    def run(**config: object) -> tuple[list[list[int]], int]:
+        async def main() -> tuple[list[list[int]], int]:
+            engine = LocalEngine(model, EngineConfig(block_size=4, **config))  # type: ignore[arg-type]
+            await engine.start()
+            try:
+                outs = await asyncio.gather(*(collect(engine, r) for r in reqs))
+                return list(outs), engine._scheduler.num_preemptions
+            finally:
+                await engine.shutdown()
+        return asyncio.run(main())
+
+    want, _ = run(num_kv_blocks=64, sliding_window_kv=False, enable_prefix_caching=False)
+    for sliding in (True, False):
+        for caching in (True, False):
+            out, _ = run(num_kv_blocks=64, sliding_window_kv=sliding,
+                         enable_prefix_caching=caching)
+            assert out == want, (sliding, caching)
+    # 7 blocks (28 of one layer each) cannot hold all three at once: preemptions.
+    out, preemptions = run(num_kv_blocks=7, sliding_window_kv=True)
+    assert out == want and preemptions > 0
