@@ -3,9 +3,14 @@ groups trimmed to their window, and automatic prefix caching.
 
 Groups (heads.engine.kv_layout): a full-attention group holds a block for every position; a
 sliding group of window W holds only the blocks a query can still reach (positions >= the
-newest position - W + 1, kept from one block earlier) and hands the older ones back as the
-sequence grows. Their table entries become PAD, a spare block past the pool that takes the
+newest position - W + 1, kept from one block earlier) and hands the older ones back after
+each step. Their table entries become PAD, a spare block past the pool that takes the
 writes nobody will read and the padding of batched tables; attention masks it.
+
+With prefix caching on, a prefill writes every position of a sliding group into real blocks
+and hands the ones behind the window back right after the step (still keyed, so a later
+prompt that shares a shorter prefix finds the window before its own cut). Without it those
+positions go straight to PAD, so a long prompt never holds more than the window.
 
 Prefix caching: a full block is keyed by a hash chain over (head, its token ids, the previous
 block's key), so two sequences of one head whose ids agree up to a block edge share the blocks
@@ -95,10 +100,15 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         """Most blocks a sequence of num_tokens ever holds at once (over every group)."""
         nb = blocks_for(num_tokens, self.block_size)
-        # A sliding group peaks in a prefill after a cached prefix: the window before the
-        # cut plus the window at the end, each at most W // bs + 2 blocks.
-        return sum(nb if w is None else min(nb, 2 * (w // self.block_size + 2))
-                   for w in self.windows)
+        if self.prefix_caching:  # a prefill holds every block until the step ends
+            return nb * len(self.windows)
+        # Otherwise a sliding group peaks in a prefill after a cached prefix... which needs
+        # caching; without it, at the window plus the block being filled.
+        return sum(nb if w is None else min(nb, w // self.block_size + 2) for w in self.windows)
+
+    def _kept_from(self, window: int | None, n: int) -> int:
+        """First block a prefill of n tokens writes for real (see the module docstring)."""
+        return 0 if self.prefix_caching else self._lo(window, n)
 
     def _lo(self, window: int | None, n: int) -> int:
         """First block a group keeps once the newest query is at position n - 1."""
@@ -165,7 +175,7 @@ class BlockManager:
         cost = 0
         for w, table in zip(self.windows, hits, strict=True):
             cost += sum(1 for b in table if b != self.pad and self._blocks[b].ref == 0)
-            cost += nb - max(k, self._lo(w, n))
+            cost += nb - max(k, self._kept_from(w, n))
         return hits, cost
 
     def can_allocate(self, seq: Sequence) -> bool:
@@ -186,12 +196,13 @@ class BlockManager:
         nb = blocks_for(n, self.block_size)
         chain = self._chain(seq, n // self.block_size)
         seq.block_hashes = [h for h, _ in chain]
+        # Hold every hit before taking any fresh block: a take may evict an unheld block,
+        # and another group's hits sit in the free queue until they are held.
+        for b in (b for table in hits for b in table if b != self.pad):
+            self._hold(b)
         seq.block_tables = []
         for g, (w, table) in enumerate(zip(self.windows, hits, strict=True)):
-            for b in table:
-                if b != self.pad:
-                    self._hold(b)
-            lo = self._lo(w, n)
+            lo = self._kept_from(w, n)
             fresh = [self._take() if i >= lo else self.pad for i in range(k, nb)]
             seq.block_tables.append(table + fresh)
             # Key every full block now: this step writes its KV before any later step reads
@@ -212,13 +223,22 @@ class BlockManager:
                        for b in t[:self._lo(w, n)] if b != self.pad and self._blocks[b].ref == 1)
         return need <= self.num_free + released
 
-    def may_append(self, seq: Sequence) -> None:
-        n, bs = seq.num_tokens, self.block_size
+    def trim(self, seq: Sequence) -> None:
+        """Hand back the sliding groups' blocks that no query of the sequence can reach
+        any more (the next one is at position num_tokens - 1)."""
+        n = seq.num_tokens
         for w, table in zip(self.windows, seq.block_tables, strict=True):
-            for i in range(self._lo(w, n)):  # behind the window now: hand back
+            if w is None:
+                continue
+            for i in range(self._lo(w, n)):
                 if table[i] != self.pad:
                     self._release(table[i])
                     table[i] = self.pad
+
+    def may_append(self, seq: Sequence) -> None:
+        n, bs = seq.num_tokens, self.block_size
+        self.trim(seq)
+        for table in seq.block_tables:
             if len(table) < blocks_for(n, bs):
                 table.append(self._take())
         if n % bs == 0:  # this step's token completes the last block: key it

@@ -116,6 +116,8 @@ class Scheduler:
             reason = seq.append(tok, self.max_model_len)
             if reason is not None:
                 self.finish(seq, reason)
+            else:  # sliding-window blocks the next step cannot reach go back now
+                self.block_manager.trim(seq)
             reasons.append(reason)
         return reasons
 

@@ -192,3 +192,52 @@ def test_collisions_are_ruled_out_by_the_stored_ids(monkeypatch) -> None:
     other = _pseq([9, 9, 9, 9, 5])
     bm.allocate(other)
     assert other.num_cached_tokens == 0
+
+
+# --- sliding-window groups ---------------------------------------------------------------------
+
+
+def test_sliding_groups_hand_back_blocks_behind_the_window() -> None:
+    from heads.engine.kv_layout import KVLayout
+
+    layout = KVLayout((None, 8), (0, 1), (0, 0), 1)  # one full layer, one of window 8
+    bm = BlockManager(num_blocks=40, block_size=4, prefix_caching=False, layout=layout)
+    s = _pseq(list(range(30)))
+    bm.allocate(s)
+    full, sliding = s.block_tables
+    assert len(full) == 8 and sliding[:5] == [bm.pad] * 5  # (30 - 8) // 4 = 5
+    assert bm.num_free == 40 - 8 - 3
+    for t in range(6):
+        s.output_ids.append(t)
+        bm.may_append(s)  # 36 tokens: keep from (36 - 8) // 4 = 7 on
+    assert s.block_tables[1][:7] == [bm.pad] * 7 and len(s.block_tables[1]) == 9
+    assert bm.num_free == 40 - 9 - 2
+    assert bm.blocks_needed(36) == 9 + 4  # the window plus the block being filled
+    bm.free(s)
+    assert bm.num_free == 40
+
+
+def test_a_hit_finds_the_window_before_the_cut_after_it_was_handed_back() -> None:
+    from heads.engine.kv_layout import KVLayout
+
+    layout = KVLayout((None, 8, 8), (0, 1, 2), (0, 0, 0), 1)
+    bm = BlockManager(num_blocks=60, block_size=4, layout=layout)
+    a = _pseq(list(range(30)))
+    bm.allocate(a)  # with caching every block is written, then trimmed after the step
+    written = [list(t) for t in a.block_tables]
+    assert all(bm.pad not in t for t in written)
+    a.output_ids.append(99)
+    bm.trim(a)
+    assert a.block_tables[1][:5] == [bm.pad] * 5 and a.block_tables[0] == written[0]
+    b = _pseq(list(range(20)) + [7, 7])  # cut at 20: sliding blocks (21 - 8) // 4 = 3 and 4
+    bm.allocate(b)
+    assert b.num_cached_tokens == 20
+    for g in (1, 2):
+        assert b.block_tables[g][:3] == [bm.pad] * 3
+        assert b.block_tables[g][3:5] == written[g][3:5]  # handed back by a, still keyed
+    bm.free(a)
+    bm.free(b)
+    bm.reset_cache()
+    c = _pseq(list(range(20)) + [8, 8])
+    bm.allocate(c)
+    assert c.num_cached_tokens == 0

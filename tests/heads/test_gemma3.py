@@ -149,16 +149,30 @@ def test_sliding_kv_groups_match_transformers(models) -> None:
     prompt = torch.randint(0, V, (15,), generator=gen).tolist()
     first = Sequence("a", "1k", prompt, RowParams(temperature=0.0), max_tokens=10)
     bm.allocate(first)
-    # 4 blocks for the full group; sliding groups keep blocks from (15 - 5) // 4 = 2 on.
-    assert [len([b for b in t if b != bm.pad]) for t in first.block_tables] == [4, 2, 2, 2]
+
+    def held(seq: Sequence) -> list[int]:
+        return [len([b for b in t if b != bm.pad]) for t in seq.block_tables]
+
+    # The prefill writes every block (caching keeps the window before any later cut); the
+    # sliding groups hand back all but blocks (15 - 5) // 4 = 2 on right after it.
+    assert held(first) == [4, 4, 4, 4]
     torch.testing.assert_close(logits(first, True), hf_logits(hf, prompt), atol=TOL, rtol=0)
-    for _ in range(6):
+    first.output_ids.append(int(torch.randint(0, V, (1,), generator=gen)))
+    bm.trim(first)  # the scheduler does this after each step
+    assert held(first) == [4, 2, 2, 2]
+    bm.may_append(first)
+    torch.testing.assert_close(logits(first, False)[0], hf_logits(hf, first.token_ids)[-1],
+                               atol=TOL, rtol=0)
+    for _ in range(5):
         first.output_ids.append(int(torch.randint(0, V, (1,), generator=gen)))
         bm.may_append(first)
         want = hf_logits(hf, first.token_ids)[-1]
         torch.testing.assert_close(logits(first, False)[0], want, atol=TOL, rtol=0)
-    held = [len([b for b in t if b != bm.pad]) for t in first.block_tables]
-    assert held[0] == 6 and max(held[1:]) <= 3  # 21 tokens: 6 blocks full, a window sliding
+    assert held(first)[0] == 6 and max(held(first)[1:]) <= 3  # 21 tokens: a window sliding
+    off = BlockManager(units, BLOCK, False, layout)  # without caching: never past the window
+    plain = Sequence("c", "1k", prompt, RowParams(temperature=0.0), max_tokens=10)
+    off.allocate(plain)
+    assert [len([b for b in t if b != off.pad]) for t in plain.block_tables] == [4, 2, 2, 2]
 
     second = Sequence("b", "1k", first.token_ids[:16] + [7, 8, 9], RowParams(temperature=0.0),
                       max_tokens=4)
@@ -182,7 +196,7 @@ def test_engine_output_is_the_same_with_and_without_sliding_kv(models) -> None:
     model, _ = models
     base = tuple(range(40, 58))  # 18 tokens
     reqs = [GenerationRequest(str(i), "1k", base + (i + 3,), 14, RowParams(temperature=0.0),
-                              frozenset()) for i in range(3)]
+                              frozenset()) for i in range(5)]
 
     async def collect(engine: LocalEngine, req: GenerationRequest) -> list[int]:
         return [e.token_id async for e in engine.generate(req)]
@@ -204,6 +218,9 @@ def test_engine_output_is_the_same_with_and_without_sliding_kv(models) -> None:
             out, _ = run(num_kv_blocks=64, sliding_window_kv=sliding,
                          enable_prefix_caching=caching)
             assert out == want, (sliding, caching)
-    # 7 blocks (28 of one layer each) cannot hold all three at once: preemptions.
-    out, preemptions = run(num_kv_blocks=7, sliding_window_kv=True)
-    assert out == want and preemptions > 0
+    # Caches too small to hold all three at once: preemptions. Without caching a prefill
+    # never holds more than the window, so a smaller cache still takes each request.
+    for blocks, caching in ((9, True), (7, False)):
+        out, preemptions = run(num_kv_blocks=blocks, sliding_window_kv=True,
+                               enable_prefix_caching=caching)
+        assert out == want and preemptions > 0, (blocks, caching, preemptions)
