@@ -27,6 +27,9 @@ class EngineConfig:
     # Sliding-window layers keep only their window's KV (heads.engine.kv_layout); False keeps
     # every position in every layer, as a full-attention-only cache does.
     sliding_window_kv: bool = True
+    # CPU: run the backbone's projections through oneDNN with pre-packed weights
+    # (heads.engine.cpu_linear); faster decode, a second copy of those weights.
+    cpu_packed_weights: bool = True
     device: str = "cpu"
 
     def __post_init__(self) -> None:

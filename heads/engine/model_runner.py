@@ -14,6 +14,7 @@ import torch
 
 from heads.attention import AttentionMetadata, allocate_kv_cache, slots_for
 from heads.engine.config import EngineConfig
+from heads.engine.cpu_linear import pack_linears, packing_available
 from heads.engine.prompt_score import PromptScore, ScoreJob, score_prompts
 from heads.engine.sequence import Sequence
 from heads.model import MultiHeadModel
@@ -39,6 +40,8 @@ class ModelRunner:
         self.block_size = config.block_size
         self.device = torch.device(config.device)
         model.to(self.device)
+        if config.cpu_packed_weights and packing_available(self.device, model.dtype):
+            log.info("packed %d backbone projections for oneDNN", pack_linears(model.backbone))
         b = model.manifest.backbone
         self.layout = config.layout(b)
         self.pad = num_blocks  # the spare block (heads.engine.block_manager)

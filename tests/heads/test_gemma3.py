@@ -129,7 +129,8 @@ def test_sliding_kv_groups_match_transformers(models) -> None:
     from tests.heads.paged_oracle import TOL, hf_logits
 
     model, hf = models
-    cfg = EngineConfig(block_size=BLOCK, num_kv_blocks=16)
+    # Unpacked projections: packing (on by default) would change the shared fixture model.
+    cfg = EngineConfig(block_size=BLOCK, num_kv_blocks=16, cpu_packed_weights=False)
     layout = cfg.layout(model.manifest.backbone)
     assert layout.windows == (None, WINDOW, WINDOW, WINDOW) and layout.group_size == 1
     units = cfg.num_blocks(model.manifest.backbone, "float32")
@@ -193,7 +194,7 @@ def test_engine_output_is_the_same_with_and_without_sliding_kv(models) -> None:
     from heads.engine.llm_engine import GenerationRequest, LocalEngine
     from kernels.sampling_params import RowParams
 
-    model, _ = models
+    model = MultiHeadModel(models[0].manifest, models[0].state_dict_for_save())  # a copy
     base = tuple(range(40, 58))  # 18 tokens
     reqs = [GenerationRequest(str(i), "1k", base + (i + 3,), 14, RowParams(temperature=0.0),
                               frozenset()) for i in range(5)]
