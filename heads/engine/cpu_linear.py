@@ -38,7 +38,8 @@ class PackedLinear(nn.Module):
         self.weight = linear.weight  # [out, in], the same Parameter
         self.in_features, self.out_features = linear.in_features, linear.out_features
         # The batch-size hint only picks the blocked layout; any batch works with it.
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
+        self._packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(
+            linear.weight.detach(), 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in] -> [T, out]
