@@ -3,9 +3,9 @@
 The KV cache is one pair of tensors per layer, `k_cache/v_cache: [num_blocks, block_size, n_kv,
 Dh]`. A token's slot is `block * block_size + offset`; new K/V go in through `slot_mapping`.
 
-- Prefill: each sequence's new tokens attend causally to each other. The engine never keeps a
-  prefix across a preemption (recompute) and has no prefix cache, so a prefill always starts at
-  position 0 and needs nothing from the cache.
+- Prefill: each sequence's new tokens attend causally to each other and, when the prefix cache
+  supplied its first `cached_lens[i]` tokens, to those too: the sequence's keys are then
+  gathered from its blocks (after this step's write) and the mask is causal by position.
 - Decode: one query per sequence attends to its gathered blocks, padded to the longest context
   of the batch and masked, in a single batched SDPA call.
 - Sliding-window layers (`window` = W) mask keys more than W - 1 positions behind the query, as
@@ -30,19 +30,30 @@ class AttentionMetadata:
     is_prefill: bool
     slot_mapping: torch.Tensor  # [T] int64: cache slot each new token's K/V is written to
     seq_lens: tuple[int, ...] = ()  # prefill: new tokens per sequence, sums to T
-    block_tables: torch.Tensor | None = None  # decode: [B, max_blocks] int64, padded with 0
+    # decode, and prefill with cached prefixes: [B, max_blocks] int64, padded with 0
+    block_tables: torch.Tensor | None = None
+    cached_lens: tuple[int, ...] = ()  # prefill: leading tokens already in the cache, per seq
     context_lens: torch.Tensor | None = None  # decode: [B] int64, tokens in cache incl. the new
 
     def __post_init__(self) -> None:
         if self.is_prefill:
             if sum(self.seq_lens) != self.slot_mapping.shape[0]:
                 raise ValueError("prefill seq_lens must sum to the number of tokens")
+            if any(self.cached_lens) and (self.block_tables is None
+                                          or len(self.cached_lens) != len(self.seq_lens)):
+                raise ValueError("prefill with cached prefixes needs block_tables per sequence")
         elif self.block_tables is None or self.context_lens is None:
             raise ValueError("decode metadata needs block_tables and context_lens")
 
     @staticmethod
-    def prefill(seq_lens: list[int], slot_mapping: torch.Tensor) -> AttentionMetadata:
-        return AttentionMetadata(True, slot_mapping, seq_lens=tuple(seq_lens))
+    def prefill(
+        seq_lens: list[int], slot_mapping: torch.Tensor, cached_lens: list[int] | None = None,
+        block_tables: torch.Tensor | None = None,
+    ) -> AttentionMetadata:
+        cached = tuple(cached_lens) if cached_lens and any(cached_lens) else ()
+        return AttentionMetadata(True, slot_mapping, seq_lens=tuple(seq_lens),
+                                 block_tables=block_tables if cached else None,
+                                 cached_lens=cached)
 
     @staticmethod
     def decode(
@@ -51,6 +62,14 @@ class AttentionMetadata:
         return AttentionMetadata(
             False, slot_mapping, block_tables=block_tables, context_lens=context_lens
         )
+
+
+# One metadata for every layer, or one per layer (KV groups with their own block tables).
+StepMetadata = AttentionMetadata | list[AttentionMetadata]
+
+
+def per_layer(meta: StepMetadata, num_layers: int) -> list[AttentionMetadata]:
+    return meta if isinstance(meta, list) else [meta] * num_layers
 
 
 def allocate_kv_cache(
@@ -87,21 +106,60 @@ def write_kv(
 
 def prefill_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: tuple[int, ...], scale: float,
-    window: int | None = None,
+    window: int | None = None, prefix: _Prefix | None = None,
 ) -> torch.Tensor:
     # q: [T, H, Dh]; k, v: [T, n_kv, Dh] -> [T, H, Dh]
     # A per-sequence loop instead of padding to the longest prompt: on CPU (2 cores, Dh=16) it
     # took 2.3 ms vs 24 ms for 8 mixed prompts of 7..200 tokens, 10 vs 13 ms for 8 x 256;
     # padding only won for many tiny equal prompts (8 x 5: 0.25 vs 1.7 ms).
-    if len(seq_lens) == 1:
+    if len(seq_lens) == 1 and prefix is None:
         return _causal(q, k, v, scale, window)
     out = torch.empty_like(q)
     start = 0
-    for n in seq_lens:
+    for i, n in enumerate(seq_lens):
         end = start + n
-        out[start:end] = _causal(q[start:end], k[start:end], v[start:end], scale, window)
+        c = prefix.cached_lens[i] if prefix is not None else 0
+        if c:
+            assert prefix is not None
+            out[start:end] = _after_prefix(q[start:end], k[start:end], v[start:end], prefix, i,
+                                           c, scale, window)
+        else:
+            out[start:end] = _causal(q[start:end], k[start:end], v[start:end], scale, window)
         start = end
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Prefix:
+    k_cache: torch.Tensor  # [N, bs, n_kv, Dh]
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # [B, max_blocks]
+    cached_lens: tuple[int, ...]
+
+
+def _after_prefix(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: _Prefix, i: int, cached: int,
+    scale: float, window: int | None,
+) -> torch.Tensor:
+    # q, k, v: [n, *, Dh] for positions cached..cached+n-1; keys: the cached positions
+    # 0..cached-1 from seq i's blocks, then this step's own (which may not all be kept: a
+    # sliding group writes the ones behind its final window to the pad block).
+    n = q.shape[0]
+    total = cached + n
+    bs, n_kv, dh = p.k_cache.shape[1], p.k_cache.shape[2], p.k_cache.shape[3]
+    table = p.block_tables[i, : -(-cached // bs)]
+    k_all = torch.cat((p.k_cache[table].view(-1, n_kv, dh)[:cached], k))  # [total, n_kv, Dh]
+    v_all = torch.cat((p.v_cache[table].view(-1, n_kv, dh)[:cached], v))
+    q_pos = torch.arange(cached, total, device=q.device)[:, None]
+    k_pos = torch.arange(total, device=q.device)[None, :]
+    mask = k_pos <= q_pos  # [n, total]
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k_all.transpose(0, 1), v_all.transpose(0, 1), attn_mask=mask,
+        scale=scale, enable_gqa=q.shape[1] != n_kv,
+    )
+    return o.transpose(0, 1)
 
 
 def _causal(
@@ -169,7 +227,11 @@ def paged_attention(
     k_cache, v_cache = kv
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     if meta.is_prefill:
-        return prefill_attention(q, k, v, meta.seq_lens, scale, window)
+        prefix = None
+        if meta.cached_lens:
+            assert meta.block_tables is not None
+            prefix = _Prefix(k_cache, v_cache, meta.block_tables, meta.cached_lens)
+        return prefill_attention(q, k, v, meta.seq_lens, scale, window, prefix)
     assert meta.block_tables is not None and meta.context_lens is not None
     return decode_attention(
         q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, window

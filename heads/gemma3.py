@@ -27,7 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heads.attention import AttentionMetadata, KVCache, paged_attention
+from heads.attention import (
+    AttentionMetadata,
+    KVCache,
+    StepMetadata,
+    paged_attention,
+    per_layer,
+)
 from heads.errors import CheckpointError
 from heads.llama import GatedMLP, apply_rope
 from heads.manifest import BackboneConfig
@@ -149,7 +155,7 @@ class Gemma3Backbone(nn.Module):
         self,
         x: torch.Tensor,
         positions: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         kv_cache: KVCache,
     ) -> torch.Tensor:
         # x: [T, d] raw embedding rows; positions: [T] int64 -> final-normed hidden states [T, d]
@@ -158,7 +164,8 @@ class Gemma3Backbone(nn.Module):
         sliding: torch.Tensor = self.inv_freq_sliding  # type: ignore[assignment]
         ropes = {FULL: self._rope(full, positions, x.dtype),
                  SLIDING: self._rope(sliding, positions, x.dtype)}
-        for layer, kind, kv in zip(self.layers, self.layer_types, kv_cache, strict=True):
+        metas = per_layer(meta, len(self.layers))
+        for layer, kind, m, kv in zip(self.layers, self.layer_types, metas, kv_cache, strict=True):
             cos, sin = ropes[kind]
-            x = layer(x, cos, sin, meta, kv)
+            x = layer(x, cos, sin, m, kv)
         return self.norm(x)

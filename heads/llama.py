@@ -28,7 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heads.attention import AttentionMetadata, KVCache, paged_attention
+from heads.attention import (
+    AttentionMetadata,
+    KVCache,
+    StepMetadata,
+    paged_attention,
+    per_layer,
+)
 from heads.manifest import BackboneConfig
 
 log = logging.getLogger(__name__)
@@ -147,13 +153,14 @@ class LlamaBackbone(nn.Module):
         self,
         x: torch.Tensor,
         positions: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         kv_cache: KVCache,
     ) -> torch.Tensor:
         # x: [T, d]; positions: [T] int64 -> final-normed hidden states [T, d]
         rope: torch.Tensor = self.rope  # type: ignore[assignment]  # a buffer, not a Module
         table = rope[positions].to(x.dtype)  # [T, 2, Dh]
         cos, sin = table[:, 0:1], table[:, 1:2]  # [T, 1, Dh], broadcast over heads
-        for layer, kv in zip(self.layers, kv_cache, strict=True):
-            x = layer(x, cos, sin, meta, kv)
+        metas = per_layer(meta, len(self.layers))
+        for layer, m, kv in zip(self.layers, metas, kv_cache, strict=True):
+            x = layer(x, cos, sin, m, kv)
         return self.norm(x)

@@ -15,7 +15,7 @@ import logging
 import torch
 from torch import nn
 
-from heads.attention import AttentionMetadata, KVCache
+from heads.attention import KVCache, StepMetadata
 from heads.errors import CheckpointError
 from heads.gemma3 import Gemma3Backbone
 from heads.llama import LlamaBackbone
@@ -134,7 +134,7 @@ class MultiHeadModel(nn.Module):
         return self._matrix(h.unembedding)[: h.vocab_size]
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv: KVCache
+        self, x: torch.Tensor, positions: torch.Tensor, meta: StepMetadata, kv: KVCache
     ) -> torch.Tensor:
         # x: [T, d] input embeddings -> final-normed hidden states [T, d]
         return self.backbone(x, positions, meta, kv)

@@ -40,6 +40,7 @@ class Outcome:
     engine_s: float = 0.0  # time spent waiting on the engine's stream
     itl: list[float] = field(default_factory=list)  # gaps between tokens, s
     prompt_score: PromptScore | None = None  # the prompt's NLL, when the engine scored it
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache served
 
 
 async def _timed(stream: AsyncIterator[TokenEvent], outcome: Outcome) -> AsyncIterator[TokenEvent]:
@@ -81,6 +82,8 @@ async def generate_text(
                 outcome.first_token_at = time.perf_counter()
             if event.prompt_score is not None:
                 outcome.prompt_score = event.prompt_score
+            if event.cached_tokens is not None:
+                outcome.cached_tokens = event.cached_tokens
             outcome.completion_tokens += 1
             is_eos = event.token_id in eos and event.finish_reason == "stop"
             text = "" if is_eos else matcher.feed(detok.push(event.token_id))

@@ -81,6 +81,8 @@ class Metrics:
         self._add_operations_metrics(r)
         # polyhead_unembed_kernel_total{head,kernel}: the engine's counts, copied at scrape time.
         self.unembed_kernels = KernelCounts(registry=r)
+        # polyhead_prefix_cache_{queries,hits}_total{head}: the local engine's counts, in tokens.
+        self.prefix_cache = PrefixCacheCounts(registry=r)
         self.quality = QualityMetrics(r)  # live prompt BPB, drift, quality guard
         self.engines = EngineMetrics(r)  # per vLLM replica: up, load, failovers
 
@@ -201,3 +203,31 @@ class KernelCounts:
         for (head, kernel), n in sorted(self._counts.items()):
             family.add_metric([head, kernel], n)
         yield family
+
+
+class PrefixCacheCounts:
+    """Counters polyhead_prefix_cache_queries_total and _hits_total{head}, in prompt tokens (as
+    vLLM's prefix_cache_queries / _hits), counted when a request first reaches the engine.
+
+    The engine owns the running counts; /metrics hands a snapshot to `set` before rendering.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._counts: dict[str, tuple[int, int]] = {}
+        registry.register(self)
+
+    def set(self, counts: dict[str, tuple[int, int]]) -> None:
+        self._counts = dict(counts)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        queries = CounterMetricFamily(
+            "polyhead_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+            labels=["head"])
+        hits = CounterMetricFamily(
+            "polyhead_prefix_cache_hits", "Prompt tokens served from the prefix cache",
+            labels=["head"])
+        for head, (q, h) in sorted(self._counts.items()):
+            queries.add_metric([head], q)
+            hits.add_metric([head], h)
+        yield queries
+        yield hits

@@ -10,12 +10,19 @@ from server.generation import Delta, Outcome
 from server.plan import Plan
 
 
-def usage(plan: Plan, outcomes: list[Outcome]) -> dict[str, int]:
+def usage(plan: Plan, outcomes: list[Outcome]) -> dict:
     completion = sum(o.completion_tokens for o in outcomes)
+    # Prompts count once however many choices they have, so cached tokens do too: per prompt,
+    # the most any of its choices got from the prefix cache.
+    cached: dict[tuple[int, ...], int] = {}
+    for job, o in zip(plan.jobs, outcomes, strict=True):
+        key = job.request.prompt_ids
+        cached[key] = max(cached.get(key, 0), o.cached_tokens)
     return {
         "prompt_tokens": plan.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": plan.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": min(plan.prompt_tokens, sum(cached.values()))},
     }
 
 

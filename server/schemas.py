@@ -256,7 +256,12 @@ class PolicyDocument(RequestBody):
     guard: dict[str, Any] | None = None  # quality guard (router.guard); null: none
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None

@@ -86,6 +86,7 @@ class Settings(BaseSettings):
     max_num_seqs: int = Field(default=32, gt=0)
     max_num_batched_tokens: int = Field(default=2048, gt=0)
     torch_threads: int = Field(default=0, ge=0)  # 0 keeps torch's default
+    prefix_caching: bool = True  # local engine: reuse KV blocks of repeated prompt prefixes
 
     shutdown_grace_s: int = Field(default=30, ge=0)  # time for in-flight streams to finish
     # After SIGTERM, /readyz is 503 and new API requests get 503 for this long before the

@@ -64,4 +64,5 @@ def engine_config(settings: Settings, manifest: Manifest) -> EngineConfig:
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_model_len=manifest.backbone.max_position_embeddings,
+        enable_prefix_caching=settings.prefix_caching,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from heads.engine.kv_layout import KVLayout
 from heads.manifest import BackboneConfig
 
 log = logging.getLogger(__name__)
@@ -15,11 +16,20 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     block_size: int = 16  # tokens per KV block
-    num_kv_blocks: int | None = None  # wins over kv_cache_bytes when set
+    # Wins over kv_cache_bytes when set; counted in blocks over all layers (what a cache with
+    # no sliding-window groups holds), like every block figure the engine reports.
+    num_kv_blocks: int | None = None
     kv_cache_bytes: int = 256 << 20  # K and V over all layers
     max_num_seqs: int = 32  # running sequences per step
     max_num_batched_tokens: int = 1024  # tokens per prefill step; a prompt is never chunked
     max_model_len: int | None = None  # prompt + output tokens; None: the backbone's limit
+    enable_prefix_caching: bool = True  # reuse full KV blocks of earlier prompts, per head
+    # Sliding-window layers keep only their window's KV (heads.engine.kv_layout); False keeps
+    # every position in every layer, as a full-attention-only cache does.
+    sliding_window_kv: bool = True
+    # CPU: run the backbone's projections through oneDNN with pre-packed weights
+    # (heads.engine.cpu_linear); faster decode, a second copy of those weights.
+    cpu_packed_weights: bool = True
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -43,13 +53,20 @@ class EngineConfig:
             )
         return self.max_model_len
 
+    def layout(self, backbone: BackboneConfig) -> KVLayout:
+        return KVLayout.for_backbone(backbone, self.sliding_window_kv)
+
     def kv_block_bytes(self, backbone: BackboneConfig, dtype: str) -> int:
+        """Bytes of one block over all layers (block_size tokens of K and V)."""
         return self.block_size * backbone.kv_bytes_per_token_per_elem * _DTYPE_BYTES[dtype]
 
     def num_blocks(self, backbone: BackboneConfig, dtype: str) -> int:
+        """Blocks in the pool, each of one KV group's layers (heads.engine.kv_layout)."""
+        layout = self.layout(backbone)
         if self.num_kv_blocks is not None:
-            return self.num_kv_blocks
-        n = self.kv_cache_bytes // self.kv_block_bytes(backbone, dtype)
+            return self.num_kv_blocks * layout.num_groups
+        unit = self.kv_block_bytes(backbone, dtype) * layout.group_size // backbone.num_layers
+        n = self.kv_cache_bytes // unit
         if n <= 0:
             raise ValueError(f"kv_cache_bytes {self.kv_cache_bytes} holds no KV block")
         return n

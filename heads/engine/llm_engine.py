@@ -48,6 +48,7 @@ class TokenEvent:
     logprob: float | None
     finish_reason: str | None  # "stop" | "length" | None
     prompt_score: PromptScore | None = None  # on the first event, when asked for
+    cached_tokens: int | None = None  # on the first event: prompt tokens the prefix cache served
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +78,9 @@ class LocalEngine:
         backbone = model.manifest.backbone
         self.max_model_len = config.model_len(backbone)
         num_blocks = config.num_blocks(backbone, model.dtype_name)
-        self._blocks = BlockManager(num_blocks, config.block_size)
+        self.layout = config.layout(backbone)
+        self._blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                    self.layout)
         self._scheduler = Scheduler(
             self._blocks, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
         )
@@ -135,12 +138,30 @@ class LocalEngine:
             for h in self.model.heads
         }
 
+    # Block figures for callers are in blocks over all layers (block_size tokens of every
+    # layer's K and V): the pool's blocks hold one KV group each, so they are divided by the
+    # number of groups. A sequence on a model with sliding-window groups holds fewer of them
+    # than its token count says; a block shared through the prefix cache counts once.
+
     def free_blocks(self) -> int:
         with self._cond:
-            return self._blocks.num_free
+            used = self._blocks.num_blocks - self._blocks.num_free
+        return self.total_blocks() - -(-used // self.layout.num_groups)
 
     def total_blocks(self) -> int:
-        return self._blocks.num_blocks
+        return self._blocks.num_blocks // self.layout.num_groups
+
+    def kv_bytes_held(self) -> int:
+        """Bytes of KV the running sequences hold now (shared blocks once)."""
+        with self._cond:
+            used = self._blocks.num_blocks - self._blocks.num_free
+        return used * self._runner.block_bytes
+
+    def prefix_cache_counts(self) -> dict[str, tuple[int, int]]:
+        """-> {head: (prompt tokens queried, prompt tokens found)} at first admissions."""
+        with self._cond:
+            stats = self._blocks.stats
+            return {h: (q, stats.hits.get(h, 0)) for h, q in stats.queries.items()}
 
     def kernel_counts(self) -> dict[tuple[str, str], int]:
         """Head groups unembedded so far, per (head, kernel)."""
@@ -228,7 +249,8 @@ class LocalEngine:
                 scores = out.prompt_scores or [None] * len(seqs)
                 for seq, tok, lp, reason, score in zip(seqs, out.token_ids, out.logprobs,
                                                        reasons, scores, strict=True):
-                    self._send(seq.seq_id, TokenEvent(tok, lp, reason, score))
+                    cached = seq.cached_prompt_tokens if len(seq.output_ids) == 1 else None
+                    self._send(seq.seq_id, TokenEvent(tok, lp, reason, score, cached))
         except Exception as e:
             log.exception("engine step failed; failing its requests")
             with self._cond:
@@ -237,6 +259,7 @@ class LocalEngine:
                 for seq in victims:
                     self._scheduler.finish(seq, "abort")
                     self._send(seq.seq_id, EngineError(f"engine step failed: {e!r}"))
+                self._blocks.reset_cache()  # blocks keyed this step may never have been written
 
     def _apply_commands(self) -> None:
         # Callers hold _cond. Adds first, so an abort that overtook its add still finds it.

@@ -3,6 +3,7 @@ mixed-head batch, then unembeds and samples once per head group."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -13,6 +14,7 @@ import torch
 
 from heads.attention import AttentionMetadata, allocate_kv_cache, slots_for
 from heads.engine.config import EngineConfig
+from heads.engine.cpu_linear import pack_linears, packing_available
 from heads.engine.prompt_score import PromptScore, ScoreJob, score_prompts
 from heads.engine.sequence import Sequence
 from heads.model import MultiHeadModel
@@ -38,14 +40,23 @@ class ModelRunner:
         self.block_size = config.block_size
         self.device = torch.device(config.device)
         model.to(self.device)
+        if config.cpu_packed_weights and packing_available(self.device, model.dtype):
+            log.info("packed %d backbone projections for oneDNN", pack_linears(model.backbone))
         b = model.manifest.backbone
-        self.kv_cache = allocate_kv_cache(
-            b.num_layers, num_blocks, config.block_size, b.num_kv_heads, b.head_dim,
-            model.dtype, self.device,
+        self.layout = config.layout(b)
+        self.pad = num_blocks  # the spare block (heads.engine.block_manager)
+        # One K/V pair per slot of a group, num_blocks + 1 blocks each; layer l uses slot
+        # layer_slot[l] through its group's block tables.
+        slots = allocate_kv_cache(
+            self.layout.group_size, num_blocks + 1, config.block_size, b.num_kv_heads,
+            b.head_dim, model.dtype, self.device,
         )
+        self.kv_cache = [slots[j] for j in self.layout.layer_slot]
+        self.block_bytes = sum(k[0].nbytes + v[0].nbytes for k, v in slots)  # one pool block
         log.info(
-            "KV cache: %d blocks of %d tokens, %.1f MiB", num_blocks, config.block_size,
-            sum(k.nbytes + v.nbytes for k, v in self.kv_cache) / 2**20,
+            "KV cache: %d blocks of %d tokens x %d layers (%d groups), %.1f MiB", num_blocks,
+            config.block_size, self.layout.group_size, self.layout.num_groups,
+            sum(k.nbytes + v.nbytes for k, v in slots) / 2**20,
         )
         self.device_spec = device_spec(self.device)
         self.selector = Selector(load_calibration(self.device_spec.name))
@@ -60,39 +71,57 @@ class ModelRunner:
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=self.device)
 
+    def _per_layer(self, metas: list[AttentionMetadata]) -> list[AttentionMetadata]:
+        return [metas[g] for g in self.layout.layer_group]
+
     def _prepare_prefill(
         self, seqs: list[Sequence]
-    ) -> tuple[list[int], list[int], AttentionMetadata, list[int]]:
-        # A prefill covers all of a sequence's tokens: the prompt, plus its outputs after a
-        # preemption by recompute.
+    ) -> tuple[list[int], list[int], list[AttentionMetadata], list[int]]:
+        # A prefill covers a sequence's tokens after its cached prefix: the prompt, plus its
+        # outputs after a preemption by recompute.
         ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
         lens: list[int] = []
-        for seq in seqs:
-            n = seq.num_tokens
-            ids += seq.token_ids
-            positions += range(n)
-            slots += slots_for(seq.block_table, 0, n, self.block_size)
-            lens.append(n)
-        last = [sum(lens[: i + 1]) - 1 for i in range(len(lens))]
-        return ids, positions, AttentionMetadata.prefill(lens, self._tensor(slots)), last
+        cached = [s.num_cached_tokens for s in seqs]
+        for seq, c in zip(seqs, cached, strict=True):
+            ids += seq.token_ids[c:]
+            positions += range(c, seq.num_tokens)
+            lens.append(seq.num_tokens - c)
+        last = [x - 1 for x in itertools.accumulate(lens)]  # each sequence's last row
+        metas = []
+        for g in range(self.layout.num_groups):
+            slots = [x for s, c in zip(seqs, cached, strict=True)
+                     for x in slots_for(s.block_tables[g], c, s.num_tokens, self.block_size)]
+            tables = self._tables([s.block_tables[g] for s in seqs]) if any(cached) else None
+            metas.append(AttentionMetadata.prefill(lens, self._tensor(slots), cached, tables))
+        return ids, positions, self._per_layer(metas), last
+
+    def _tables(self, rows: list[list[int]]) -> torch.Tensor:
+        # -> [B, max_blocks] int64, padded with the pad block (masked by length)
+        width = max(len(r) for r in rows)
+        flat = [i for r in rows for i in r + [self.pad] * (width - len(r))]
+        return self._tensor(flat).view(len(rows), width)
 
     def _prepare_decode(
         self, seqs: list[Sequence]
-    ) -> tuple[list[int], list[int], AttentionMetadata, list[int]]:
+    ) -> tuple[list[int], list[int], list[AttentionMetadata], list[int]]:
         ids = [seq.last_token for seq in seqs]
         positions = [seq.num_tokens - 1 for seq in seqs]
-        slots = [slots_for(s.block_table, p, p + 1, self.block_size)[0]
-                 for s, p in zip(seqs, positions, strict=True)]
-        width = max(len(s.block_table) for s in seqs)
-        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]  # 0: masked
-        meta = AttentionMetadata.decode(
-            self._tensor(slots),
-            self._tensor([i for row in tables for i in row]).view(len(seqs), width),
-            self._tensor([s.num_tokens for s in seqs]),
-        )
-        return ids, positions, meta, list(range(len(seqs)))
+        bs = self.block_size
+        metas = []
+        for g, window in enumerate(self.layout.windows):
+            tables = [s.block_tables[g] for s in seqs]
+            slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)]
+            # A sliding group's rows start at their first live block, so the gather reads
+            # the window and not the whole context; keys only count relative to the context
+            # length, so shifting a row by its first block changes nothing else.
+            starts = [0 if window is None else max(0, p + 1 - window) // bs for p in positions]
+            metas.append(AttentionMetadata.decode(
+                self._tensor(slots),
+                self._tables([t[lo:] for t, lo in zip(tables, starts, strict=True)]),
+                self._tensor([p + 1 - lo * bs for p, lo in zip(positions, starts, strict=True)]),
+            ))
+        return ids, positions, self._per_layer(metas), list(range(len(seqs)))
 
     def _embed(self, heads: list[str], ids: torch.Tensor) -> torch.Tensor:
         # heads: one name per token; ids: [T] -> [T, d], gathered per head group
@@ -112,7 +141,7 @@ class ModelRunner:
         prepare = self._prepare_prefill if is_prefill else self._prepare_decode
         ids, positions, meta, last = prepare(seqs)
         token_heads = (
-            [s.head for s in seqs for _ in range(s.num_tokens)] if is_prefill
+            [s.head for s in seqs for _ in range(s.num_tokens - s.num_cached_tokens)] if is_prefill
             else [s.head for s in seqs]
         )
         x = self._embed(token_heads, self._tensor(ids))  # [T, d]
@@ -149,6 +178,7 @@ class ModelRunner:
                last: list[int]) -> list[PromptScore | None] | None:
         # hidden: [T, d]; a sequence's rows end at last[i]. Only a first prefill is scored:
         # after a preemption by recompute its first token (and the score) went out already.
+        # A scored prompt is never served from the prefix cache: all its rows are here.
         jobs = [(i, ScoreJob(s.head, last[i] - s.num_tokens + 1, s.prompt_ids,
                              s.score_positions, s.params.seed))
                 for i, s in enumerate(seqs)

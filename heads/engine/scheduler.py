@@ -6,7 +6,8 @@
 - Otherwise decode every running sequence. When a sequence cannot get a block for its next
   token, the most recently admitted running sequence is preempted by recompute: its blocks
   are freed and it goes back to the front of the queue, to be prefilled again over prompt +
-  outputs so far. Sampling noise is keyed by position, so a recompute samples the same tokens.
+  outputs so far; its freed blocks stay findable in the prefix cache until they are reused.
+  Sampling noise is keyed by position, so a recompute samples the same tokens.
 - A request whose worst case can never fit (alone, in an empty cache) is refused at add time
   with EngineOverloaded, so the queue can never hold a sequence that blocks it forever.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from heads.engine.block_manager import BlockManager, blocks_for
+from heads.engine.block_manager import BlockManager
 from heads.engine.sequence import Sequence, SequenceStatus
 from heads.errors import EngineOverloaded
 
@@ -50,7 +51,7 @@ class Scheduler:
         # Worst case: every output token is produced and then a preemption re-prefills them
         # all. The last sampled token never needs KV, but counting it keeps this simple.
         worst = min(len(seq.prompt_ids) + seq.max_tokens, self.max_model_len)
-        need = blocks_for(worst, self.block_manager.block_size)
+        need = self.block_manager.blocks_needed(worst)
         if need > self.block_manager.num_blocks:
             raise EngineOverloaded(
                 f"request needs up to {need} KV blocks, the cache has "
@@ -81,7 +82,7 @@ class Scheduler:
             self.waiting.popleft()
             self.block_manager.allocate(seq)
             seq.status = SequenceStatus.RUNNING
-            tokens += seq.num_tokens
+            tokens += seq.num_tokens - seq.num_cached_tokens
             batch.append(seq)
         if batch:
             self.running.extend(batch)
@@ -115,6 +116,8 @@ class Scheduler:
             reason = seq.append(tok, self.max_model_len)
             if reason is not None:
                 self.finish(seq, reason)
+            else:  # sliding-window blocks the next step cannot reach go back now
+                self.block_manager.trim(seq)
             reasons.append(reason)
         return reasons
 

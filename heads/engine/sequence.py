@@ -35,7 +35,12 @@ class Sequence:
     prompt_score: PromptScore | None = None
     seq_id: int = field(default_factory=lambda: next(_ids))  # engine-unique, unlike request_id
     output_ids: list[int] = field(default_factory=list)
-    block_table: list[int] = field(default_factory=list)
+    # One block table per KV group (heads.engine.kv_layout); a sliding group's entries behind
+    # its window are the pad block. Empty while the sequence holds no blocks.
+    block_tables: list[list[int]] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # chain keys of its full blocks
+    num_cached_tokens: int = 0  # leading tokens whose KV the prefix cache supplied this prefill
+    cached_prompt_tokens: int = 0  # the same at the first prefill (what usage reports)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     num_preemptions: int = 0
@@ -45,6 +50,11 @@ class Sequence:
             raise ValueError("a prompt needs at least one token")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+
+    @property
+    def block_table(self) -> list[int]:
+        """The first group's table (the only one when every layer is full attention)."""
+        return self.block_tables[0] if self.block_tables else []
 
     @property
     def num_tokens(self) -> int:

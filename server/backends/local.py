@@ -51,6 +51,10 @@ class LocalBackend:
     def head_load(self) -> dict[str, HeadLoad]:
         return self.engine.head_load()
 
+    def prefix_cache_counts(self) -> dict[str, tuple[int, int]]:
+        """-> {head: (prompt tokens queried, prompt tokens served from the prefix cache)}."""
+        return self.engine.prefix_cache_counts()
+
     def kernel_counts(self) -> dict[tuple[str, str], int]:
         return self.engine.kernel_counts()
 

@@ -1,4 +1,5 @@
-"""polyhead bench engine: decode speed per head, local engine vs transformers (and vLLM)."""
+"""polyhead bench engine: decode speed per head, local engine vs transformers (and vLLM);
+with the local engine also prefix-cache TTFT (cold vs warm) and KV bytes per request."""
 
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
                    help="compute dtype for every engine (default float32: fastest on CPU)")
     p.add_argument("--out", type=Path, default=Path("bench-results"),
                    help="directory for bench_engine.json and .png")
+    p.add_argument("--scenarios", default="decode,prefix,kv",
+                   help="comma-separated: decode (the table above), prefix (cold vs warm "
+                        "TTFT behind a shared system prompt), kv (KV bytes per request)")
+    p.add_argument("--prefix-tokens", type=int, default=1536,
+                   help="prefix scenario: shared system prompt length")
     p.add_argument("--calibration-out", type=Path, default=None, metavar="FILE",
                    help="also write the local engine's measured decode steps (JSON) for the "
                         "router's cost calibration: serve's calibration_file, simulate "
@@ -55,14 +61,52 @@ def _run(args: argparse.Namespace) -> None:
         raise CliError("--calibration-out measures the local engine: add it to --backends")
     heads = [h for h in (args.heads or "").split(",") if h]
     dtype = None if args.dtype == "stored" else args.dtype
+    scenarios = {s.strip() for s in args.scenarios.split(",") if s.strip()}
+    if scenarios - {"decode", "prefix", "kv"}:
+        raise CliError(f"bad --scenarios {args.scenarios!r}: use decode, prefix, kv")
     timings: list = []
-    rows = bench(model, args.batches, args.tokens, args.threads, engines, args.repeats, heads,
-                 dtype, timings)
-    print(table(rows))
-    js, png = write(rows, args.out)
-    print(f"wrote {js} and {png}")
+    if "decode" in scenarios:
+        rows = bench(model, args.batches, args.tokens, args.threads, engines, args.repeats,
+                     heads, dtype, timings)
+        print(table(rows))
+        js, png = write(rows, args.out)
+        print(f"wrote {js} and {png}")
+    if "local" in engines and scenarios & {"prefix", "kv"}:
+        _local_scenarios(args, model, dtype, heads, scenarios)
     if args.calibration_out is not None:
         _write_calibration(args, model, dtype, timings)
+
+
+def _local_scenarios(args: argparse.Namespace, model: Path, dtype: str | None, heads: list[str],
+                     scenarios: set[str]) -> None:
+    import json
+    from dataclasses import asdict
+
+    import torch
+
+    from heads.bench_prefix import kv_per_request, kv_table, prefix_table, prefix_ttft
+    from heads.checkpoint import load_checkpoint
+
+    torch.set_num_threads(args.threads)
+    ckpt = load_checkpoint(model, compute_dtype=dtype)
+    out: dict = {}
+    if "prefix" in scenarios:
+        names = heads or sorted(ckpt.model.heads, key=lambda h: ckpt.model.heads[h].vocab_size)
+        prefix = [prefix_ttft(ckpt, h, args.prefix_tokens, repeats=max(3, args.repeats))
+                  for h in names]
+        print(f"\nprefix cache, local engine ({args.threads} thread(s), median of "
+              f"{max(3, args.repeats)}):")
+        print(prefix_table(prefix))
+        out["prefix_cache"] = [asdict(r) | {"ratio": r.ratio} for r in prefix]
+    if "kv" in scenarios:
+        kv = kv_per_request(ckpt)
+        print(f"\nKV per request ({ckpt.model.dtype_name}), sliding-window KV off vs on:")
+        print(kv_table(kv))
+        out["kv_per_request"] = [asdict(r) | {"ratio": r.ratio} for r in kv]
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "bench_engine_local.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 def _write_calibration(args: argparse.Namespace, model: Path, dtype: str | None,

@@ -32,6 +32,9 @@ async def metrics(svc: ServiceDep, m: MetricsDep, request: Request) -> Response:
     kernel_counts = getattr(svc.backend, "kernel_counts", None)  # local engine only, so far
     if kernel_counts is not None:
         m.unembed_kernels.set(kernel_counts())
+    prefix_counts = getattr(svc.backend, "prefix_cache_counts", None)  # local engine only
+    if prefix_counts is not None:
+        m.prefix_cache.set(prefix_counts())
     replica_stats = getattr(svc.backend, "replica_stats", None)  # the vLLM backend
     if replica_stats is not None:
         m.engines.set(replica_stats())

@@ -56,3 +56,36 @@ def check_prefill_and_decode(
             h = model(model.embed(head, torch.tensor(nxt)), torch.tensor(pos), meta, kv)
         for i, s in enumerate(seqs):
             torch.testing.assert_close(h[i] @ w.T, hf_logits(hf, s)[-1], atol=TOL, rtol=0)
+
+
+def check_cached_prefix(
+    model: MultiHeadModel, hf: torch.nn.Module, vocab: int, cached: tuple[int, int],
+    new: tuple[int, int], head: str = "1k",
+) -> None:
+    """Prefill the first `cached[i]` tokens of two prompts, then prefill the other `new[i]` in
+    one batch that reads the cached prefix from the blocks; the logits of the second prefill
+    must match transformers on the full prompts. One sequence has no cached prefix."""
+    b = model.manifest.backbone
+    kv = allocate_kv_cache(b.num_layers, 32, BLOCK, b.num_kv_heads, b.head_dim, torch.float32)
+    w = model.unembedding_rows(head)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, vocab, (c + n,), generator=gen).tolist()
+               for c, n in zip(cached, new, strict=True)]
+    tables = [[7, 2, 30, 11, 5, 19, 4, 8], [3, 25, 0, 14, 9, 21, 22, 1]]
+    for p, t, c in zip(prompts, tables, cached, strict=True):
+        if c:  # the earlier request that filled the cache
+            meta = AttentionMetadata.prefill([c], torch.tensor(slots_for(t, 0, c, BLOCK)))
+            with torch.inference_mode():
+                model(model.embed(head, torch.tensor(p[:c])), torch.arange(c), meta, kv)
+    ids = torch.tensor([x for p, c in zip(prompts, cached, strict=True) for x in p[c:]])
+    positions = torch.tensor([q for c, n in zip(cached, new, strict=True)
+                              for q in range(c, c + n)])
+    slots = [s for t, c, n in zip(tables, cached, new, strict=True)
+             for s in slots_for(t, c, c + n, BLOCK)]
+    meta = AttentionMetadata.prefill(list(new), torch.tensor(slots), list(cached),
+                                     torch.tensor(tables))
+    with torch.inference_mode():
+        logits = model(model.embed(head, ids), positions, meta, kv) @ w.T  # [sum(new), V]
+    n0 = new[0]
+    for rows, p, c in ((logits[:n0], prompts[0], cached[0]), (logits[n0:], prompts[1], cached[1])):
+        torch.testing.assert_close(rows, hf_logits(hf, p)[c:], atol=TOL, rtol=0)

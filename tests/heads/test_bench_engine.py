@@ -20,6 +20,12 @@ def test_bench_engine_quick_mode(tiny_model_dir: Path, tmp_path: Path, capsys) -
     assert len(measured) == 2 * 2 * 3  # engines x batches x heads
     assert all(r["decode_tok_s"] > 0 for r in measured)
     assert (tmp_path / "bench_engine.png").stat().st_size > 1000
+    # The local engine's scenarios run by default: prefix-cache TTFT and KV per request.
+    assert "prefix cache" in out and "KV per request" in out
+    local = json.loads((tmp_path / "bench_engine_local.json").read_text())
+    assert [r["head"] for r in local["prefix_cache"]] == ["1k", "4k", "8k"]
+    assert all(r["cached_tokens"] > 0 and r["warm_ttft_ms"] > 0 for r in local["prefix_cache"])
+    assert [r["context"] for r in local["kv_per_request"]] == [1024, 4096]
 
 
 @pytest.mark.vllm

@@ -257,3 +257,56 @@ def test_idle_engine_does_not_spin(model) -> None:
         return time.process_time() - start
 
     assert _run(model, body) < 0.1  # CPU seconds over 0.5 s of wall time, all threads
+
+
+# --- prefix caching ----------------------------------------------------------------------------
+
+_SYSTEM = tuple(range(3, 3 + 37))  # 37 tokens: two full blocks of 16 and a partial one
+
+
+def test_greedy_output_is_identical_with_and_without_a_cache_hit(model) -> None:
+    first = _req("1k", prompt=_SYSTEM + (200, 201), max_tokens=10, rid="first")
+    second = _req("1k", prompt=_SYSTEM + (300,), max_tokens=10, rid="second")
+
+    async def in_turn(engine: LocalEngine) -> list[list[TokenEvent]]:
+        return [await _collect(engine, first), await _collect(engine, second)]
+
+    warm = _run(model, in_turn)
+    cold = _run(model, in_turn, enable_prefix_caching=False)
+    assert [_ids(e) for e in warm] == [_ids(e) for e in cold]
+    assert warm[0][0].cached_tokens == 0 and warm[1][0].cached_tokens == 32
+    assert all(e.cached_tokens is None for e in warm[1][1:])
+    assert cold[1][0].cached_tokens == 0
+
+
+def test_hits_are_per_head_and_counted_in_tokens(model) -> None:
+    async def body(engine: LocalEngine) -> tuple[list[int | None], dict[str, tuple[int, int]]]:
+        hits = []
+        for head, rid in (("1k", "a"), ("1k", "b"), ("400", "c")):
+            events = await _collect(engine, _req(head, prompt=_SYSTEM, max_tokens=2, rid=rid))
+            hits.append(events[0].cached_tokens)
+        await _until_all_free(engine)
+        return hits, engine.prefix_cache_counts()
+
+    hits, counts = _run(model, body)
+    assert hits == [0, 32, 0]  # the same ids under another head are other tokens
+    assert counts == {"1k": (74, 32), "400": (37, 0)}
+
+
+def test_preemption_with_shared_prefixes_keeps_outputs(model) -> None:
+    # 12 blocks of 4: three sequences of 12 + 16 tokens share the first 3 blocks; the cache
+    # runs out mid-decode, so preempted sequences come back partly from the cache.
+    base = tuple(range(50, 62))
+    reqs = [_req(h, prompt=base + (i,), max_tokens=16, rid=str(i))
+            for i, h in enumerate(["1k", "1k", "1k"])]
+    alone = [_ids(_run(model, lambda e, r=r: _collect(e, r), enable_prefix_caching=False))
+             for r in reqs]
+
+    async def together(engine: LocalEngine) -> tuple[list[list[int]], int]:
+        out = await asyncio.gather(*(_collect(engine, r) for r in reqs))
+        await _until_all_free(engine)
+        return [_ids(e) for e in out], engine._scheduler.num_preemptions
+
+    out, preemptions = _run(model, together, num_kv_blocks=12, block_size=4)
+    assert out == alone
+    assert preemptions > 0

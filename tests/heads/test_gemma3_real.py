@@ -133,3 +133,44 @@ def test_smollm2_greedy_matches_transformers(cache: Path) -> None:
     ours = greedy(_fp32(ckpt), "49k", ids, 24)
     assert ours == hf_greedy(hf, ids, 24)
     print(repr(tok.decode(ours)))  # noqa: T201
+
+
+def test_gemma_past_the_window_through_the_engine_matches_transformers(gemma) -> None:
+    """A prompt longer than the 512-token window, through the engine with sliding-window KV
+    (sliding layers hold only their window) and then again from the prefix cache: greedy
+    tokens equal transformers' both times."""
+    import asyncio
+
+    from heads.engine.config import EngineConfig
+    from heads.engine.llm_engine import GenerationRequest, LocalEngine
+    from kernels.sampling_params import RowParams
+
+    ckpt, hf = gemma
+    tok = ckpt.tokenizers["262k"]
+    model = MultiHeadModel(ckpt.manifest, ckpt.model.state_dict_for_save(), "float32")
+    story = " ".join(f"Day {i}: the fox walked to the river and counted {i * 7} stones."
+                     for i in range(40))
+    ids = [2, *tok.encode(story)]
+    assert len(ids) > 600
+    steps = 16
+    want = hf_greedy(hf, ids, steps)
+
+    async def main() -> tuple[list[list[int]], list[int | None], int, int]:
+        engine = LocalEngine(model, EngineConfig(num_kv_blocks=128))
+        await engine.start()
+        try:
+            outs, cached = [], []
+            for rid in ("cold", "warm"):
+                req = GenerationRequest(rid, "262k", tuple(ids), steps,
+                                        RowParams(temperature=0.0), frozenset())
+                events = [e async for e in engine.generate(req)]
+                outs.append([e.token_id for e in events])
+                cached.append(events[0].cached_tokens)
+            return outs, cached, engine.layout.num_groups, engine.layout.group_size
+        finally:
+            await engine.shutdown()
+
+    outs, cached, groups, size = asyncio.run(main())
+    assert (groups, size) == (6, 3)  # 1 full + 5 sliding groups of 3 layers
+    assert outs == [want, want]
+    assert cached[0] == 0 and cached[1] == (len(ids) - 1) // BLOCK * BLOCK

@@ -8,7 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from heads.manifest import BackboneConfig, HeadSpec, Manifest
 from heads.model import MultiHeadModel
-from tests.heads.paged_oracle import check_prefill_and_decode
+from tests.heads.paged_oracle import check_cached_prefix, check_prefill_and_decode
 
 V = 1000
 
@@ -60,6 +60,12 @@ def test_prefill_and_decode_match_transformers(models) -> None:
     model, hf = models
     check_prefill_and_decode(model, hf, V, (11, 6))
 
+
+
+def test_prefill_after_a_cached_prefix_matches_transformers(models) -> None:
+    """A prefill that starts after a cached prefix attends to it."""
+    model, hf = models
+    check_cached_prefix(model, hf, V, (8, 0), (3, 6))
 
 def test_state_dict_round_trip(models) -> None:
     model, _ = models

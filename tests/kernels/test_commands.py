@@ -60,7 +60,7 @@ def test_engine_counts_kernels_per_head() -> None:
                      stop_token_ids=frozenset())
             for i in range(3)]
     for i, s in enumerate(seqs):
-        s.block_table = [i]
+        s.block_tables = [[i]]
     with torch.inference_mode():
         runner.run(seqs, is_prefill=True)
     counts = runner.kernel_counts()
