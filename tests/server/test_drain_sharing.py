@@ -9,19 +9,10 @@ import httpx
 import pytest
 
 from tests.conftest import ADMIN_TOKEN, start_gateway, stop_gateway
-from tests.server.redis_util import RedisServer
 
 pytestmark = pytest.mark.integration
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 def _states(url: str) -> dict[str, str]:

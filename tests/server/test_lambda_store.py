@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from router.state import LiveState
 from router.store import FileStore, StateSync
 from server.lambda_store import RedisStore, make_store
 from server.settings import Settings
-from tests.server.redis_util import RedisServer
-
-
-@pytest.fixture
-def redis_server(tmp_path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_make_store_picks_redis_only_with_a_url(tmp_path) -> None:

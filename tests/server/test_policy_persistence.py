@@ -10,7 +10,6 @@ import pytest
 
 from router.store import FileStore, MemoryStore, PolicyRecord
 from tests.conftest import ADMIN_TOKEN, start_gateway, stop_gateway
-from tests.server.redis_util import RedisServer
 
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 POLICY = {"name": "pinned", "params": {"head": "4k"}}
@@ -63,14 +62,6 @@ def test_policy_survives_a_restart(tiny_model_dir, tmp_path) -> None:
         assert _put(gw.url, POLICY)["version"] == 4  # versions go on from the restored one
     finally:
         assert stop_gateway(gw) == 0
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 def _until(url: str, version: int, deadline_s: float) -> dict:

@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 from tests.conftest import start_gateway, stop_gateway
-from tests.server.redis_util import RedisServer
 
 pytestmark = pytest.mark.integration
 KEY = {"authorization": "Bearer sk-shared"}
@@ -19,14 +18,6 @@ KEY = {"authorization": "Bearer sk-shared"}
 def _post(url: str) -> httpx.Response:
     return httpx.post(f"{url}/v1/completions", headers=KEY, timeout=30,
                       json={"model": "tiny", "prompt": "count", "max_tokens": 1})
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_two_gateways_share_one_rate_limit(tiny_model_dir, tmp_path, redis_server):

@@ -12,20 +12,11 @@ import pytest
 
 from server.ratelimit import WINDOW_S
 from tests.conftest import start_gateway, stop_gateway
-from tests.server.redis_util import RedisServer
 
 pytestmark = pytest.mark.integration
 ALICE = {"authorization": "Bearer sk-alice-123"}
 TPM = 1000
 MAX_TOKENS = 400  # two requests' up-front charges fill the minute; their use does not
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 def _post(url: str, stream: bool = False) -> dict:
