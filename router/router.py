@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from router.affinity import SessionAffinity
 from router.compression import predict_all
 from router.cost import AnalyticTimer, StepTimer
 from router.decisions import DEFAULT_CAPACITY, DecisionLog
@@ -50,6 +51,7 @@ class Router:
         clock: Clock = time.monotonic,  # for dwell and switch caps; the simulator's sim time
         decision_log: int = DEFAULT_CAPACITY,
         quality_fit: PenaltyFit = DEFAULT_FIT,  # per-request BPB penalty model
+        affinity: SessionAffinity | None = None,  # sessions stay on their head
     ) -> None:
         names = [p.name for p in profiles]
         if not names:
@@ -64,6 +66,7 @@ class Router:
         self.timer: StepTimer = timer or AnalyticTimer(device)
         self.clock = clock
         self.quality_fit = quality_fit
+        self.affinity = affinity or SessionAffinity()
         self.decisions = DecisionLog(decision_log)
         self._heads = tuple(names)
         self._lock = threading.Lock()  # serializes writers; readers take self._active as is
@@ -204,7 +207,7 @@ class Router:
     def preview(self, features: RequestFeatures) -> Decision:
         """What the active policy would choose for `features`, recording nothing and moving
         no policy state: a fresh instance of the policy decides (no held head to keep)."""
-        return self._decide(features, self._build(self._active.spec))[0]
+        return self._decide(features, self._build(self._active.spec), remember=False)[0]
 
     def decide(self, features: RequestFeatures) -> Decision:
         decision, features = self._decide(features)
@@ -225,8 +228,8 @@ class Router:
         self.decisions.append(moved)
         return moved
 
-    def _decide(self, features: RequestFeatures,
-                policy: Policy | None = None) -> tuple[Decision, RequestFeatures]:
+    def _decide(self, features: RequestFeatures, policy: Policy | None = None,
+                remember: bool = True) -> tuple[Decision, RequestFeatures]:
         active = self._active
         if features.pinned_head is not None:
             if features.pinned_head not in self._heads:
@@ -248,9 +251,27 @@ class Router:
             raise HeadUnavailable(f"policy {active.spec.name} routes to drained head {c.head}")
         if c.head in features.excluded:  # a policy that does not price requests itself
             c = _within_bound(c, features, profiles)
+        if features.session is not None:
+            c = self._affine(c, features, profiles, remember)
         return Decision(c.head, active.spec.name, active.version, c.reason, c.costs, c.code,
                         inputs_of(snap, live_batch(snap)), time.time(),
                         request_record(features)), features
+
+    def _affine(self, c: Choice, features: RequestFeatures, profiles: Sequence[HeadProfile],
+                remember: bool) -> Choice:
+        """Keep the session on its last head while that head is routable and within the
+        request's quality bound (router.affinity)."""
+        assert features.session is not None
+        held = self.affinity.head(features.session)
+        routable = {p.name for p in profiles}
+        if held is not None and held != c.head and held in routable \
+                and held not in features.excluded:
+            c = Choice(held, f"session affinity: kept {held}, which holds this conversation's "
+                             f"prefix cache; the policy chose {c.head} ({c.reason})",
+                       "affinity", c.costs)
+        if remember:
+            self.affinity.remember(features.session, c.head)
+        return c
 
     def _predict(self, features: RequestFeatures, snap: StateSnapshot,
                  profiles: Sequence[HeadProfile], spec: PolicySpec) -> RequestFeatures:
@@ -298,4 +319,4 @@ def request_record(f: RequestFeatures) -> dict[str, Any]:
                     if h in f.predicted_bpt else None,
                     "bpb_penalty": round(f.bpb_penalty[h], 4) if h in f.bpb_penalty else None}
     return {"prompt_bytes": f.prompt_bytes, "max_tokens": f.max_tokens, "script": f.script,
-            "heads": heads, "excluded": dict(f.excluded)}
+            "session": f.session is not None, "heads": heads, "excluded": dict(f.excluded)}

@@ -23,7 +23,8 @@ Clock = Callable[[], float]
 
 # Every decision's reason code; a fixed set, so it can label a Prometheus counter.
 REASON_CODES = ("best", "hysteresis", "dwell", "flap_cap", "pinned", "weighted",
-                "request_pin", "spill", "content", "quality_bound")
+                "request_pin", "spill", "content", "quality_bound",
+                "affinity")
 
 
 class Stabilizer:

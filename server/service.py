@@ -103,7 +103,8 @@ class GatewayService:
             )
         return head
 
-    def plan_completion(self, body: CompletionRequest) -> Plan:
+    def plan_completion(self, body: CompletionRequest, session: str | None = None) -> Plan:
+        """`session`: the client's conversation id (x-session-id), for session affinity."""
         self._reject_unsupported(body)
         if body.echo or body.suffix is not None or (body.best_of or 1) > 1:
             raise BadRequest("echo, suffix and best_of are not supported", param="echo")
@@ -112,14 +113,15 @@ class GatewayService:
                              param="logprobs")
         token_prompts = body.token_prompts()
         if token_prompts is not None:
-            return self._plan_token_ids(body, token_prompts)
+            return self._plan_token_ids(body, token_prompts, session)
         texts = body.prompts()
         if not texts:
             raise BadRequest("prompt must not be empty", param="prompt")
         return self._plan("completion", "/v1/completions", body, texts,
-                          chat=False, logprobs=body.logprobs is not None)
+                          chat=False, logprobs=body.logprobs is not None, session=session)
 
-    def _plan_token_ids(self, body: CompletionRequest, prompts: list[list[int]]) -> Plan:
+    def _plan_token_ids(self, body: CompletionRequest, prompts: list[list[int]],
+                        session: str | None) -> Plan:
         """A prompt given as token ids: they mean something under one head's tokenizer
         only, so the request must pin it. Planned as its decoded text (routing, limits),
         then run on exactly the ids sent (no BOS added), which usage counts."""
@@ -143,7 +145,7 @@ class GatewayService:
         tok = self.tokenizers[head]
         texts = [tok.decode(ids, skip_special_tokens=False) for ids in prompts]
         plan = self._plan("completion", "/v1/completions", body, texts,
-                          chat=False, logprobs=body.logprobs is not None)
+                          chat=False, logprobs=body.logprobs is not None, session=session)
         max_tokens = plan.jobs[0].request.max_tokens
         if max(len(ids) for ids in prompts) + max_tokens > self.limits.max_model_len:
             raise BadRequest(f"prompt + max_tokens ({max_tokens}) exceeds the model's context "
@@ -159,7 +161,7 @@ class GatewayService:
         return dataclasses.replace(plan, jobs=jobs, encoded=encoded,
                                    prompt_tokens=sum(len(p) for p in prompts))
 
-    def plan_chat(self, body: ChatCompletionRequest) -> Plan:
+    def plan_chat(self, body: ChatCompletionRequest, session: str | None = None) -> Plan:
         self._reject_unsupported(body)
         if body.tools or body.tool_choice not in (None, "none"):
             raise BadRequest("tool calling is not supported", param="tools")
@@ -171,7 +173,7 @@ class GatewayService:
         text = self.chat_prompt(body.messages)
         return self._plan("chat", "/v1/chat/completions", body, [text],
                           chat=True, logprobs=body.logprobs,
-                          max_tokens=body.effective_max_tokens())
+                          max_tokens=body.effective_max_tokens(), session=session)
 
     def chat_prompt(self, messages: list[ChatMessage]) -> str:
         """The prompt text the model's chat template renders for `messages`."""
@@ -181,7 +183,7 @@ class GatewayService:
 
     def _plan(
         self, kind: str, route: str, body: SamplingFields, texts: list[str], *,
-        chat: bool, logprobs: bool, max_tokens: int | None = None,
+        chat: bool, logprobs: bool, max_tokens: int | None = None, session: str | None = None,
     ) -> Plan:
         started = time.perf_counter()
         pinned = self.pinned_head(body.model)
@@ -194,7 +196,7 @@ class GatewayService:
             raise BadRequest(f"at most {self.limits.max_stop_sequences} stop sequences",
                              param="stop")
         self.refresh_load()
-        encoded, decision = self.route(texts, chat, max_tokens, pinned)
+        encoded, decision = self.route(texts, chat, max_tokens, pinned, session=session)
         self.tracing.annotate(head=decision.head, policy=decision.policy,
                               decision=decision.code)
         if self.admission is not None:
@@ -217,7 +219,8 @@ class GatewayService:
                     started, encoded, chat)
 
     def route(self, texts: list[str], chat: bool, max_tokens: int, pinned: str | None,
-              preview: bool = False) -> tuple[EncodedPrompt, Decision]:
+              preview: bool = False, session: str | None = None
+              ) -> tuple[EncodedPrompt, Decision]:
         """Tokenize, then decide; a request-aware policy sees every head's tokens first, a
         pinned request or a content-blind policy only needs the chosen head's. `preview`:
         what the router would choose, without recording a decision (/tokenize)."""
@@ -227,12 +230,12 @@ class GatewayService:
                 encoded = self.encoder.encode(texts, chat)
             tokens = {h: HeadTokens(p.tokens, p.fallback_bytes) for h, p in encoded.heads.items()}
             features = RequestFeatures(encoded.prompt_bytes, max_tokens, None, tokens,
-                                       encoded.script)
+                                       encoded.script, session)
             with self.tracing.span("route"):
                 return encoded, decide(features)
         with self.tracing.span("route"):
             decision = decide(RequestFeatures(
-                sum(len(t.encode()) for t in texts), max_tokens, pinned))
+                sum(len(t.encode()) for t in texts), max_tokens, pinned, session=session))
         with self.tracing.span("tokenize"):
             return self.encoder.encode(texts, chat, [decision.head]), decision
 

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from server.client_guard import ClientGuard
 from server.deps import ClientDep, GuardDep, ServiceDep
+from server.errors import BadRequest
 from server.generation import Outcome
 from server.plan import Plan
 from server.request_context import bind_request_id
@@ -26,11 +27,23 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 
+MAX_SESSION_ID = 256  # characters of x-session-id
+
+
+def session_id(request: Request) -> str | None:
+    """The client's conversation id: a session stays on its head (router.affinity)."""
+    value = request.headers.get("x-session-id")
+    if value is not None and not 0 < len(value) <= MAX_SESSION_ID:
+        raise BadRequest(f"x-session-id must be 1 to {MAX_SESSION_ID} characters",
+                         param="x-session-id")
+    return value
+
+
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, svc: ServiceDep,
                       client: ClientDep, guard: GuardDep):
     guard.check_shape(body)
-    plan = svc.plan_completion(body)
+    plan = svc.plan_completion(body, session_id(request))
     return await _run(plan, body, request, svc, client, guard)
 
 
@@ -38,7 +51,7 @@ async def completions(body: CompletionRequest, request: Request, svc: ServiceDep
 async def chat_completions(body: ChatCompletionRequest, request: Request, svc: ServiceDep,
                            client: ClientDep, guard: GuardDep):
     guard.check_shape(body)
-    plan = svc.plan_chat(body)
+    plan = svc.plan_chat(body, session_id(request))
     return await _run(plan, body, request, svc, client, guard)
 
 
@@ -47,7 +60,7 @@ async def responses(body: ResponsesRequest, request: Request, svc: ServiceDep,
                     client: ClientDep, guard: GuardDep):
     chat = to_chat(body)
     guard.check_shape(chat)
-    plan = dataclasses.replace(svc.plan_chat(chat), route="/v1/responses")
+    plan = dataclasses.replace(svc.plan_chat(chat, session_id(request)), route="/v1/responses")
 
     async def respond(plan: Plan, stream: bool, request: Request, svc: GatewayService,
                       extra_headers: dict[str, str],

@@ -3,6 +3,8 @@ penalty bound, marginal pricing under the live mix, and the decision record."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from router.compression import LIVE_WEIGHT_CAP, predict_output_bpt, stat_key
@@ -154,3 +156,40 @@ def test_bound_applies_to_policies_that_do_not_price_requests() -> None:
     assert d.head == "262k" and d.code == "quality_bound" and "quality bound" in d.reason
     pinned = router.decide(RequestFeatures(1200, 64, "32k", russian().tokens, "cyrillic"))
     assert pinned.head == "32k"  # a request pin overrides the bound as it overrides policy
+
+
+def test_a_session_stays_on_its_head_while_the_policy_allows() -> None:
+    router, _ = _router()
+    code = RequestFeatures(900, 64, tokens={h: HeadTokens(300) for h in ("32k", "131k", "262k")},
+                           script="latin", session="chat-1")
+    first = router.decide(code)
+    assert first.head == "32k" and first.request["session"] is True
+    # The next turn packs far better on 262k (the policy's choice), within the bound on 32k
+    # (split 0.45 < 0.5), but the conversation's prefix is on 32k...
+    turn = RequestFeatures(1200, 64, tokens={"32k": HeadTokens(400), "131k": HeadTokens(300),
+                                             "262k": HeadTokens(220)}, script="latin",
+                           session="chat-1")
+    assert router.preview(dataclasses.replace(turn, session=None)).head != "32k"
+    kept = router.decide(turn)
+    assert kept.head == "32k" and kept.code == "affinity" and "prefix cache" in kept.reason
+    # ...while a turn the bound keeps off 32k moves, and the session follows it.
+    moved = router.decide(dataclasses.replace(russian(), session="chat-1"))
+    assert moved.head == "262k" and moved.code != "affinity"
+    assert router.affinity.head("chat-1") == "262k"
+    router.set_drained("262k", True)
+    assert router.decide(dataclasses.replace(english(), session="chat-1")).head != "262k"
+    # Another session, and requests without one, are unaffected.
+    assert router.decide(dataclasses.replace(russian(), session="chat-2")).head != "32k"
+
+
+def test_affinity_forgets_idle_and_least_recent_sessions() -> None:
+    from router.affinity import SessionAffinity
+
+    now = [0.0]
+    aff = SessionAffinity(capacity=2, ttl_s=10, clock=lambda: now[0])
+    aff.remember("a", "32k")
+    aff.remember("b", "131k")
+    aff.remember("c", "262k")  # over capacity: "a" (least recently used) goes
+    assert aff.head("a") is None and aff.head("b") == "131k" and len(aff) == 2
+    now[0] = 11.0
+    assert aff.head("c") is None  # idle past the TTL

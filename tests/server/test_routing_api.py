@@ -90,3 +90,22 @@ def test_kv_budget_full_answers_429_with_retry_after(tiny_model_dir, tmp_path) -
         assert 'polyhead_admission_rejections_total{reason="kv_budget"}' in metrics
     finally:
         assert stop_gateway(gw) == 0
+
+
+def test_session_affinity_through_the_server(gateway) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
+    heads = []
+    for turn in ("a first turn", "a second, longer turn of the same conversation " * 4):
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny", messages=[{"role": "user", "content": turn}], max_tokens=2,
+            extra_headers={"x-session-id": "conversation-7"})
+        heads.append(raw.headers["x-polyhead-head"])
+        d = httpx.get(f"{gateway.url}/admin/decisions", params={"limit": 1}, headers=AUTH,
+                      timeout=10).json()["decisions"][0]
+        assert d["request"]["session"] is True and d["head"] == heads[-1]
+    assert heads[0] == heads[1]
+    r = httpx.post(f"{gateway.url}/v1/completions", headers={"x-session-id": "x" * 300},
+                   json={"model": "tiny", "prompt": "hi", "max_tokens": 1}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "x-session-id"
