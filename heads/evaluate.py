@@ -48,7 +48,7 @@ class HeadSourceResult:
     tokens: int
     bits: float  # sum of -log2 p over the tokens
     prefill_seconds: float
-    differing_tokens: int  # tokens whose byte span is not a token of the native head
+    differing_tokens: int  # tokens not also a token of the native head (span and byte-ness)
     byte_fallback_tokens: int = 0  # <0xXX> tokens (characters the head cannot spell)
     bits_by_kind: dict[str, float] = field(default_factory=dict)  # KINDS -> bits
 
@@ -145,6 +145,15 @@ def _plain(tok: Tokenizer) -> Tokenizer:
     return plain
 
 
+def _native_tokens(text: str, tok: Tokenizer, byte_ids: frozenset[int]
+                   ) -> set[tuple[int, int, bool]]:
+    """(start, end, is byte token) of the native head's tokens. Offsets are in characters,
+    so the byte tokens of one character all carry that character's span: the flag keeps a
+    trimmed head's byte fallback from matching a native one-character token."""
+    ids, offsets = _spans(text, tok)
+    return {(a, b, i in byte_ids) for i, (a, b) in zip(ids, offsets, strict=True)}
+
+
 def _spans(text: str, tok: Tokenizer) -> tuple[list[int], list[tuple[int, int]]]:
     enc = tok.encode(text, add_special_tokens=False)
     return enc.ids, enc.offsets
@@ -195,7 +204,7 @@ def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int,
     for path in files:
         text = _head_of(path, max_bytes)
         pieces = byte_windows(text, window_bytes) if window_bytes else [text]
-        native_spans = [set(_spans(p, plain[native])[1]) for p in pieces]
+        native_spans = [_native_tokens(p, plain[native], byte_ids[native]) for p in pieces]
         for h in heads:
             r = _score(ckpt, h.name, h.vocab_size, source_name(path), pieces, native_spans,
                        plain[h.name], byte_ids[h.name], window if not window_bytes else None,
@@ -217,8 +226,9 @@ def kind_of(token_text: str, is_native: bool, is_byte: bool) -> str:
 
 
 def _score(ckpt: Checkpoint, head: str, vocab_size: int, source: str, pieces: list[str],
-           native_spans: list[set[tuple[int, int]]], tok: Tokenizer, byte_ids: frozenset[int],
-           window: int | None, w32: torch.Tensor) -> HeadSourceResult:
+           native_spans: list[set[tuple[int, int, bool]]], tok: Tokenizer,
+           byte_ids: frozenset[int], window: int | None, w32: torch.Tensor
+           ) -> HeadSourceResult:
     """One head over one source's pieces; `window` None scores each piece as one context."""
     n_tokens = differ = fallback = 0
     dt = 0.0
@@ -229,10 +239,11 @@ def _score(ckpt: Checkpoint, head: str, vocab_size: int, source: str, pieces: li
         dt += t
         n_tokens += len(ids)
         for i, (a, b), bit in zip(ids, offsets, bits.tolist(), strict=True):
-            k = kind_of(piece[a:b], (a, b) in spans, i in byte_ids)
+            is_byte = i in byte_ids
+            k = kind_of(piece[a:b], (a, b, is_byte) in spans, is_byte)
             kinds[k] += bit
             differ += k != "native"
-            fallback += k == "byte_fallback"
+            fallback += is_byte  # counted even where the native head falls back too
     return HeadSourceResult(head, vocab_size, source, sum(len(p.encode()) for p in pieces),
                             n_tokens, sum(kinds.values()), dt, differ, fallback, kinds)
 

@@ -103,3 +103,21 @@ def test_cli_eval_per_language_no_update_by_default(tiny_model_dir: Path, tmp_pa
     m = Manifest.load(model)
     assert m.extra["eval_sources"] == ["de", "en", "zh"]
     assert main(["heads", "eval", str(model), "--languages", "xx"]) == 2
+
+
+def test_byte_fallback_pieces_never_match_a_native_character_token() -> None:
+    from tokenizers import Tokenizer, models
+
+    from heads.evaluate import _byte_token_ids, _native_tokens, _spans
+
+    bytes_vocab = {f"<0x{b:02X}>": b for b in range(256)}
+    native = Tokenizer(models.BPE({**bytes_vocab, "a": 256, "é": 257}, [], byte_fallback=True))
+    trimmed = Tokenizer(models.BPE({**bytes_vocab, "a": 256}, [], byte_fallback=True))
+    native_set = _native_tokens("aé", native, _byte_token_ids(native))
+    assert native_set == {(0, 1, False), (1, 2, False)}
+    ids, offsets = _spans("aé", trimmed)
+    byte_ids = _byte_token_ids(trimmed)
+    assert ids == [256, 0xC3, 0xA9] and offsets[1] == offsets[2] == (1, 2)  # char offsets
+    kinds = [kind_of("aé"[a:b], (a, b, i in byte_ids) in native_set, i in byte_ids)
+             for i, (a, b) in zip(ids, offsets, strict=True)]
+    assert kinds == ["native", "byte_fallback", "byte_fallback"]
