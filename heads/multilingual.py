@@ -19,13 +19,14 @@ log = logging.getLogger(__name__)
 SAMPLES_DIR = Path(__file__).parent / "data" / "multilingual"
 SAMPLE_BYTES = 10_000  # target size of a committed sample (whole paragraphs, at most this)
 
-# Language code -> writing system. The code is what requests and samples are keyed by; "zh"
-# is Simplified Chinese (zh_CN), "pt-br" Brazilian Portuguese.
+# Language code -> writing system, named as heads.scripts classes (the router's): "kana" is
+# Japanese, kana with kanji. The code is what requests and samples are keyed by; "zh" is
+# Simplified Chinese (zh_CN), "pt-br" Brazilian Portuguese.
 SCRIPTS: dict[str, str] = {
     "en": "latin", "de": "latin", "fr": "latin", "es": "latin", "it": "latin",
     "nl": "latin", "pl": "latin", "pt-br": "latin", "cs": "latin",
     "ru": "cyrillic", "uk": "cyrillic",
-    "ja": "japanese", "zh": "han", "ko": "hangul", "hi": "devanagari",
+    "ja": "kana", "zh": "han", "ko": "hangul", "hi": "devanagari",
 }
 
 # Writing system -> code point ranges whose letters count as that script.
@@ -33,12 +34,12 @@ _RANGES: dict[str, tuple[tuple[int, int], ...]] = {
     "latin": ((0x41, 0x5A), (0x61, 0x7A), (0xC0, 0x24F)),
     "cyrillic": ((0x400, 0x52F),),
     "han": ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF)),
-    "japanese": ((0x3040, 0x30FF), (0x31F0, 0x31FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF)),
+    "kana": ((0x3040, 0x30FF), (0x31F0, 0x31FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF)),
     "hangul": ((0x1100, 0x11FF), (0x3130, 0x318F), (0xAC00, 0xD7A3)),
     "devanagari": ((0x900, 0x97F), (0xA8E0, 0xA8FF)),
 }
 # Scripts written without spaces between words (so a line join must not insert one).
-UNSPACED = frozenset({"han", "japanese"})
+UNSPACED = frozenset({"han", "kana"})
 
 
 def script_of(lang: str) -> str:

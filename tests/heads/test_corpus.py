@@ -69,7 +69,7 @@ def test_sources_are_english_by_default_and_opt_in_per_language() -> None:
     every = select_sources(["all"])
     assert every == all_sources() and len({s.name for s in every}) == len(every)
     scripts = {script_of(s.language) for s in every}
-    assert {"latin", "cyrillic", "japanese", "han", "devanagari", "hangul"} <= scripts
+    assert {"latin", "cyrillic", "kana", "han", "devanagari", "hangul"} <= scripts
     with pytest.raises(CorpusError, match="no corpus source for xx"):
         select_sources(["de", "xx"])
     with pytest.raises(CorpusError, match="unknown source"):

@@ -22,7 +22,7 @@ def test_committed_samples_cover_the_scripts() -> None:
     langs = languages()
     assert langs[0] == "en" and len(langs) >= 9
     scripts = {script_of(lang) for lang in langs}
-    assert {"latin", "cyrillic", "japanese", "han", "devanagari", "hangul"} <= scripts
+    assert {"latin", "cyrillic", "kana", "han", "devanagari", "hangul"} <= scripts
     assert {"ja", "zh", "hi", "ko"} <= set(langs)
 
 
@@ -41,7 +41,7 @@ def test_each_sample_is_clean_prose_in_its_script(lang: str) -> None:
 
 def test_script_of_and_share() -> None:
     assert script_of("hi") == "devanagari" and script_of("ko") == "hangul"
-    assert script_of("ja") == "japanese" and script_of("ru") == "cyrillic"
+    assert script_of("ja") == "kana" and script_of("ru") == "cyrillic"
     assert set(SCRIPTS.values()) >= {"latin", "han"}
     with pytest.raises(CorpusError, match="unknown language"):
         script_of("xx")
@@ -77,3 +77,10 @@ def test_write_samples_takes_whole_prose_paragraphs(tmp_path: Path) -> None:
     assert text.startswith(para.format(0)) and "--all" not in text
     with pytest.raises(CorpusError, match="missing"):
         write_samples(tmp_path, {"fr": "man-fr"}, out)
+
+
+def test_each_sample_is_the_script_class_the_router_sees() -> None:
+    from heads.scripts import script_class
+
+    for lang in languages():
+        assert script_class(sample(lang)) == script_of(lang), lang
