@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import time
+import unicodedata
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -222,7 +223,9 @@ def kind_of(token_text: str, is_native: bool, is_byte: bool) -> str:
         return "native"
     if is_byte:
         return "byte_fallback"
-    return "split_word" if any(c.isalnum() for c in token_text) else "separator"
+    # Combining marks (Devanagari vowel signs, viramas) belong to words, too.
+    word = any(c.isalnum() or unicodedata.category(c).startswith("M") for c in token_text)
+    return "split_word" if word else "separator"
 
 
 def _score(ckpt: Checkpoint, head: str, vocab_size: int, source: str, pieces: list[str],

@@ -74,6 +74,7 @@ def test_kind_of() -> None:
     assert kind_of("<0xE3>", False, True) == "byte_fallback"
     assert kind_of("\n\n", False, False) == kind_of(" ,", False, False) == "separator"
     assert kind_of("ell", False, False) == kind_of("語", False, False) == "split_word"
+    assert kind_of("ा", False, False) == kind_of("्", False, False) == "split_word"  # marks
 
 
 def test_cli_eval_per_language_no_update_by_default(tiny_model_dir: Path, tmp_path: Path,
