@@ -64,11 +64,13 @@ LAMBDA_FLOOR = 1e-12  # λ below this is 0: no inference volume to amortize trai
 
 def live_groups(snapshot: StateSnapshot, profiles: Sequence[HeadProfile],
                 features: RequestFeatures) -> tuple[Group, ...]:
-    """The head groups a new request joins: each head's smoothed running batch. Their mean
-    context is not tracked, so each group is priced at this request's context on its head."""
+    """The head groups a new request joins: each head's running and queued requests now.
+    Not the smoothed batch: that lags by its time constant, and a group opened a second ago
+    already pays its V×d read every step. Mean contexts are not tracked, so each group is
+    priced at this request's context on its head."""
     groups = []
     for p in profiles:
-        b = round(snapshot.smoothed_running.get(p.name, snapshot.running.get(p.name, 0)))
+        b = snapshot.running.get(p.name, 0) + snapshot.waiting.get(p.name, 0)
         if b >= 1:
             groups.append(Group(p, b, context_tokens(p, features)))
     return tuple(groups)
