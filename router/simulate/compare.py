@@ -38,10 +38,12 @@ def kv_tokens(profiles: Sequence[HeadProfile], device: DeviceSpec) -> int:
 
 
 def policy_doc(name: str, heads: Sequence[str]) -> dict:
-    """A label's policy: a policy name, a head (pinned to it), or `<policy>:blind` for the
-    policy judging requests by the manifest's averages only (content-blind)."""
+    """A label's policy: a policy name, a head (pinned to it), `<policy>:blind` for the
+    policy judging requests by the manifest's averages only (content-blind), or
+    `<policy>:max_bpb_loss=0.5` for one numeric parameter set."""
     name, _, mode = name.partition(":")
-    params: dict = {} if not mode else {"features": mode}
+    key, eq, value = mode.partition("=")
+    params: dict = {} if not mode else {key: float(value)} if eq else {"features": mode}
     if name == "weighted":
         return {"name": "weighted", "params": {"weights": dict.fromkeys(heads, 1), **params}}
     if name in heads:

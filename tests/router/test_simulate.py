@@ -59,3 +59,12 @@ def test_multilingual_trace_mix_is_fixed_and_languages_reach_the_router() -> Non
                                                   texts=texts, score_timer=slow)}
     assert sum(scored["cost"].requests.values()) == len(trace)
     assert scored["cost"].cost_s_per_mb > 2 * aware["cost"].cost_s_per_mb
+
+
+def test_policy_labels() -> None:
+    from router.simulate.compare import policy_doc
+
+    assert policy_doc("32k", ["32k"]) == {"name": "pinned", "params": {"head": "32k"}}
+    assert policy_doc("cost:blind", []) == {"name": "cost", "params": {"features": "blind"}}
+    assert policy_doc("lifecycle:max_bpb_loss=0.5", []) == \
+        {"name": "lifecycle", "params": {"max_bpb_loss": 0.5}}
