@@ -34,7 +34,7 @@ def test_replay_every_policy_and_static_head(tiny_model_dir: Path, tmp_path: Pat
         assert res.device_s > 0 and res.steps > 0 and res.max_batch >= 1
         assert sum(r.real.head_tokens.values()) == sum(r.real.regime_tokens.values())
         assert sum(r.real.regime_s.values()) == res.device_s
-        assert set(r.sims) == {"sim (analytic)", "sim (replay-fitted)"}
+        assert set(r.sims) == {"sim (analytic)", "sim (charged measured)"}
         assert all(len(s.latencies) == len(TRACE) for s in r.sims.values())
         if r.policy.startswith("static:"):
             assert res.share()[r.policy[7:]] == 1.0 and res.switches == 0
