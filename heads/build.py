@@ -1,4 +1,4 @@
-"""Nested heads by vocabulary trimming (DESIGN.md §4): `polyhead heads build`.
+"""Nested heads by vocabulary trimming: `polyhead heads build`.
 
 From a checkpoint's native (largest) head: rank its tokens on a corpus (or read a saved
 ranking), re-order the vocabulary into Matryoshka order, permute the rows of its embedding

