@@ -14,6 +14,12 @@ Compression is a property of the text, not only of the head: the same head packs
 
 Without live data the prompt decides; without a tokenized prompt the live figure does; with
 neither, the manifest's bytes/token (English prose) is all there is.
+
+Only the head that served a request learns from it, so early on one head has a live figure
+for a script and the others do not. Shrinking only that head would favour it for no reason
+but having been tried; the others borrow its figure, scaled by how their own spelling of
+this prompt compares (m_h ≈ m_g · p_h ÷ p_g: heads' relative compression is a property of
+the text), with the evidence weight of the head they borrow from.
 """
 
 from __future__ import annotations
@@ -48,9 +54,7 @@ def live_bpt(head: str, script: str, out_bytes: Mapping[str, int],
     return out_bytes.get(key, 0) / tokens, tokens
 
 
-def predict_output_bpt(head: HeadProfile, features: RequestFeatures,
-                       out_bytes: Mapping[str, int], out_tokens: Mapping[str, int]) -> float:
-    live, n = live_bpt(head.name, features.script, out_bytes, out_tokens)
+def _shrink(head: HeadProfile, features: RequestFeatures, live: float | None, n: int) -> float:
     prompt = features.prompt_bpt(head.name)
     if prompt is None:
         return live if live is not None else head.bpt
@@ -61,6 +65,24 @@ def predict_output_bpt(head: HeadProfile, features: RequestFeatures,
     return (t * prompt + k * live) / (t + k)
 
 
+def predict_output_bpt(head: HeadProfile, features: RequestFeatures,
+                       out_bytes: Mapping[str, int], out_tokens: Mapping[str, int]) -> float:
+    """One head's prediction from its own live figure only."""
+    return _shrink(head, features, *live_bpt(head.name, features.script, out_bytes, out_tokens))
+
+
 def predict_all(profiles: Sequence[HeadProfile], features: RequestFeatures,
                 out_bytes: Mapping[str, int], out_tokens: Mapping[str, int]) -> dict[str, float]:
-    return {p.name: predict_output_bpt(p, features, out_bytes, out_tokens) for p in profiles}
+    """Every head's prediction; heads without a live figure borrow the best-supported one's."""
+    live = {p.name: live_bpt(p.name, features.script, out_bytes, out_tokens) for p in profiles}
+    known = [h for h, (m, _) in live.items() if m is not None]
+    donor = max(known, key=lambda h: live[h][1]) if known else None
+    out = {}
+    for p in profiles:
+        m, n = live[p.name]
+        if m is None and donor is not None:
+            mine, theirs = features.prompt_bpt(p.name), features.prompt_bpt(donor)
+            if mine is not None and theirs is not None:
+                m, n = live[donor][0] * mine / theirs, live[donor][1]  # type: ignore[operator]
+        out[p.name] = _shrink(p, features, m, n)
+    return out

@@ -193,3 +193,17 @@ def test_affinity_forgets_idle_and_least_recent_sessions() -> None:
     assert aff.head("a") is None and aff.head("b") == "131k" and len(aff) == 2
     now[0] = 11.0
     assert aff.head("c") is None  # idle past the TTL
+
+
+def test_heads_without_live_data_borrow_the_served_heads_figure() -> None:
+    from router.compression import predict_all
+
+    f = english(390)  # prompt: 3.9 / 4.4 / 4.6 B/token on 32k / 131k / 262k
+    key = stat_key("262k", "latin")
+    # Only 262k has served Latin so far: 3.45 B/token, 0.75 of its prompt figure.
+    pred = predict_all(heads(), f, {key: 345 * 4}, {key: 400})
+    assert pred["262k"] == pytest.approx((85 * 4.6 + 400 * 3.45) / (85 + 400), rel=0.02)
+    # The others scale it by their own spelling of this prompt, so the ranking by
+    # compression stays what the prompt says instead of favouring the head that was tried.
+    assert pred["32k"] < pred["131k"] < pred["262k"]
+    assert pred["32k"] / pred["262k"] == pytest.approx(3.9 / 4.6, rel=0.03)
