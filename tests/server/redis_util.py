@@ -51,3 +51,16 @@ class RedisServer:
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port, decode_responses=True)
+
+
+def wait_flushed(gateway_url: str, timeout_s: float) -> dict:
+    """Until the gateway reports Redis up with no increments left to push; its /readyz
+    redis block (the caller asserts on it)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = httpx.get(f"{gateway_url}/readyz", timeout=5).json()["redis"]
+        if (body["up"] and body["pending_increments"] == 0) or time.monotonic() > deadline:
+            return body
+        time.sleep(0.2)

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import start_gateway, stop_gateway
+from tests.server.redis_util import wait_flushed
 
 pytestmark = pytest.mark.integration
 KEY = {"authorization": "Bearer sk-shared"}
@@ -72,12 +73,7 @@ def test_redis_restart_mid_traffic_loses_no_counts(tiny_model_dir, tmp_path, red
         time.sleep(1.0)
         stop.set()
         t.join(timeout=30)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            body = httpx.get(f"{gw.url}/readyz", timeout=5).json()["redis"]
-            if body["up"] and body["pending_increments"] == 0:
-                break
-            time.sleep(0.2)
+        body = wait_flushed(gw.url, 10)
         assert body["up"] and body["pending_increments"] == 0, body
         counted = int(redis_server.client().hget("polyhead:usage:team", "requests") or 0)
         assert not errors, errors[:3]

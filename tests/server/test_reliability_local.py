@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import start_gateway, stop_gateway
 from tests.server.metrics_util import scrape
-from tests.server.redis_util import RedisServer
+from tests.server.redis_util import RedisServer, wait_flushed
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -155,12 +155,7 @@ def test_redis_restart_keeps_counters_exact(tiny_model_dir, tmp_path, record_pro
         time.sleep(1.5)
         stop.set()
         t.join(timeout=60)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            body = httpx.get(f"{gw.url}/readyz", timeout=5).json()["redis"]
-            if body["up"] and body["pending_increments"] == 0:
-                break
-            time.sleep(0.2)
+        body = wait_flushed(gw.url, 15)
         assert body["up"] and body["pending_increments"] == 0, body
         counted = {k: int(v) for k, v in
                    redis_server.client().hgetall("polyhead:usage:team").items()}
