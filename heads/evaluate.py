@@ -33,6 +33,7 @@ from heads.attention import AttentionMetadata, allocate_kv_cache
 from heads.checkpoint import Checkpoint, load_checkpoint
 from heads.corpus import read_documents, source_name
 from heads.manifest import MANIFEST_FILE
+from heads.split_table import SplitTable
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +196,11 @@ def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int,
              window_bytes: int | None = None) -> list[HeadSourceResult]:
     heads = sorted(ckpt.manifest.heads, key=lambda h: h.vocab_size)
     native = heads[-1].name
-    plain = {h.name: _plain(ckpt.tokenizers[h.name].tokenizer) for h in heads}
-    byte_ids = {h.name: _byte_token_ids(plain[h.name]) for h in heads}
+    plain = {native: _plain(ckpt.tokenizers[native].tokenizer)}
+    for h in heads[:-1]:  # a boundary-preserving head encodes with the native tokenizer
+        tok = ckpt.tokenizers[h.name]
+        plain[h.name] = plain[native] if tok.split else _plain(tok.tokenizer)
+    byte_ids = {h.name: _byte_token_ids(ckpt.tokenizers[h.name].tokenizer) for h in heads}
     full = ckpt.model.unembedding_rows(native).float()  # nested heads read a prefix of it
     w32 = {h.name: (full[:h.vocab_size] if ckpt.manifest.head(h.name).unembedding
                     == ckpt.manifest.head(native).unembedding
@@ -208,8 +212,9 @@ def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int,
         native_spans = [_native_tokens(p, plain[native], byte_ids[native]) for p in pieces]
         for h in heads:
             r = _score(ckpt, h.name, h.vocab_size, source_name(path), pieces, native_spans,
-                       plain[h.name], byte_ids[h.name], window if not window_bytes else None,
-                       w32[h.name])
+                       _Segmenter(plain[h.name], ckpt.tokenizers[h.name].split,
+                                  ckpt.tokenizers[h.name].tokenizer),
+                       byte_ids[h.name], window if not window_bytes else None, w32[h.name])
             log.info("%s %s: %.3f bytes/token, %.4f BPB, %.0f tok/s", h.name, r.source,
                      r.bytes_per_token, r.bpb, r.prefill_tokens_per_s)
             results.append(r)
@@ -228,8 +233,31 @@ def kind_of(token_text: str, is_native: bool, is_byte: bool) -> str:
     return "split_word" if word else "separator"
 
 
+@dataclass(frozen=True, slots=True)
+class _Segmenter:
+    """One head's tokens of a text with their character spans, and for each whether it is
+    a whole native token (None: unknown, found by matching spans)."""
+
+    plain: Tokenizer  # the tokenizer the head encodes with, special text as plain text
+    split: SplitTable | None  # for a boundary-preserving head
+    head: Tokenizer  # the head's own tokenizer, for token strings
+
+    def __call__(self, text: str) -> tuple[list[int], list[tuple[int, int]], list[str],
+                                           list[bool] | None]:
+        ids, offsets = _spans(text, self.plain)
+        if self.split is None:
+            return ids, offsets, [text[a:b] for a, b in offsets], None
+        src = self.split.sources(ids).tolist()
+        out = self.split.expand(ids)
+        whole = [ids[j] < self.split.vocab_size for j in src]
+        # A re-spelled piece's span is its native token's; its own string says what it is.
+        texts = [text[slice(*offsets[j])] if w else (self.head.id_to_token(i) or "")
+                 for i, j, w in zip(out, src, whole, strict=True)]
+        return out, [offsets[j] for j in src], texts, whole
+
+
 def _score(ckpt: Checkpoint, head: str, vocab_size: int, source: str, pieces: list[str],
-           native_spans: list[set[tuple[int, int, bool]]], tok: Tokenizer,
+           native_spans: list[set[tuple[int, int, bool]]], segment: _Segmenter,
            byte_ids: frozenset[int], window: int | None, w32: torch.Tensor
            ) -> HeadSourceResult:
     """One head over one source's pieces; `window` None scores each piece as one context."""
@@ -237,13 +265,14 @@ def _score(ckpt: Checkpoint, head: str, vocab_size: int, source: str, pieces: li
     dt = 0.0
     kinds = dict.fromkeys(KINDS, 0.0)
     for piece, spans in zip(pieces, native_spans, strict=True):
-        ids, offsets = _spans(piece, tok)
+        ids, offsets, texts, whole = segment(piece)
         bits, t = token_bits(ckpt, head, ids, window or len(ids) + 1, w32)
         dt += t
         n_tokens += len(ids)
-        for i, (a, b), bit in zip(ids, offsets, bits.tolist(), strict=True):
+        for n, (i, (a, b), bit) in enumerate(zip(ids, offsets, bits.tolist(), strict=True)):
             is_byte = i in byte_ids
-            k = kind_of(piece[a:b], (a, b, is_byte) in spans, is_byte)
+            native = (a, b, is_byte) in spans if whole is None else whole[n]
+            k = kind_of(texts[n], native, is_byte)
             kinds[k] += bit
             differ += k != "native"
             fallback += is_byte  # counted even where the native head falls back too

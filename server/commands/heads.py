@@ -45,10 +45,40 @@ def _register_build(hsub: argparse._SubParsersAction) -> None:
     build.add_argument("--out", type=Path, required=True, help="output checkpoint directory")
     build.add_argument("--save-ranking", type=Path, metavar="FILE",
                        help="with --corpus: also write the ranking here")
-    build.add_argument("--specials-last", action=argparse.BooleanOptionalAction, default=None,
-                       help="rank unused special tokens after all ordinary ones (default: on "
-                       "above 65536 ids); BOS/EOS/pad/chat-turn specials stay first")
+    _ranking_options(build)
+    build.add_argument("--trim", choices=("split", "merges"), default="split",
+                       help="how a smaller head spells text: 'split' keeps the native "
+                       "segmentation and re-spells removed tokens in kept ones (default); "
+                       "'merges' filters the BPE merges (boundaries can move)")
     build.set_defaults(run=_heads_build)
+    rank = hsub.add_parser("rank", help="rank a checkpoint's native tokens on a corpus and "
+                           "save the order (.npz) for `heads build --ranking`")
+    rank.add_argument("src", type=Path, help="checkpoint whose largest head is ranked")
+    rank.add_argument("--corpus", type=Path, nargs="+", metavar="FILE", required=True,
+                      help="text files, one source each (e.g. the corpus *.train.txt)")
+    rank.add_argument("--out", type=Path, required=True, help="ranking file to write")
+    _ranking_options(rank)
+    rank.set_defaults(run=_heads_rank)
+
+
+def _ranking_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source-weights", default="english-first", metavar="SPEC",
+                   help="how much each corpus file counts: 'english-first' (default: English "
+                   "sources by expected traffic, 10%% spread over other languages), "
+                   "'balanced' (each language equal), 'equal' (each file equal), or "
+                   "NAME=W,... (e.g. wiki=3,gcide=1)")
+    p.add_argument("--specials-last", action=argparse.BooleanOptionalAction, default=None,
+                   help="rank unused special tokens after all ordinary ones (default: on "
+                   "above 65536 ids); BOS/EOS/pad/chat-turn specials stay first")
+
+
+def _weights(args: argparse.Namespace):  # -> SourceWeights
+    from heads.ranking import SourceWeights
+
+    try:
+        return SourceWeights.parse(args.source_weights)
+    except ValueError as e:
+        raise SystemExit(f"polyhead: --source-weights: {e}") from None
 
 
 def _languages(text: str) -> list[str]:
@@ -89,9 +119,21 @@ def _heads_build(args: argparse.Namespace) -> None:
 
     configure_logging("text", "INFO")
     m = build_heads(args.src, args.out, args.sizes, corpus=args.corpus, ranking=args.ranking,
-                    specials_last=args.specials_last, save_ranking_to=args.save_ranking)
+                    specials_last=args.specials_last, save_ranking_to=args.save_ranking,
+                    weights=_weights(args), trim=args.trim)
     print(f"wrote {args.out}: heads " + ", ".join(f"{h.name} (V={h.vocab_size})"
                                                  for h in m.heads))
+
+
+def _heads_rank(args: argparse.Namespace) -> None:
+    from heads.build import rank_checkpoint
+    from heads.ranking import save_ranking
+    from server.logging_setup import configure_logging
+
+    configure_logging("text", "INFO")
+    rk = rank_checkpoint(args.src, args.corpus, _weights(args), args.specials_last)
+    save_ranking(args.out, rk)
+    print(f"wrote {args.out}: {len(rk.order)} ids ranked on {rk.source}")
 
 
 def _heads_eval(args: argparse.Namespace) -> None:
