@@ -102,6 +102,9 @@ def _register_eval(hsub: argparse._SubParsersAction) -> None:
                     "--window tokens instead)")
     ev.add_argument("--window", type=int, default=512,
                     help="with --window-bytes 0: tokens per window incl. BOS")
+    ev.add_argument("--heads", type=_languages, metavar="NAMES",
+                    help="only these heads, comma-separated (ratios are then to the largest "
+                    "one scored, not necessarily the native head)")
     ev.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     ev.add_argument("--compute-dtype", choices=("float32", "bfloat16", "float16"),
                     help="run the weights in this dtype (default: the checkpoint's); float32 "
@@ -153,7 +156,7 @@ def _heads_eval(args: argparse.Namespace) -> None:
         files = args.corpus
     results, png = run_eval(args.dir, files, args.max_bytes, args.window, args.out,
                             args.compute_dtype, window_bytes=args.window_bytes or None,
-                            update_manifest=args.update)
+                            update_manifest=args.update, only=args.heads)
     print(f"{'head':<8}{'V':>8}  {'source':<12}{'bytes/tok':>10}{'BPB':>8}"
           f"{'prefill tok/s':>15}{'≠native':>9}{'bytefb':>8}")
     for r in [*results, *aggregate(results)]:

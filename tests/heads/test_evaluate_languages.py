@@ -123,3 +123,14 @@ def test_byte_fallback_pieces_never_match_a_native_character_token() -> None:
     kinds = [kind_of("aé"[a:b], (a, b, i in byte_ids) in native_set, i in byte_ids)
              for i, (a, b) in zip(ids, offsets, strict=True)]
     assert kinds == ["native", "byte_fallback", "byte_fallback"]
+
+
+def test_eval_can_score_a_subset_of_heads(tiny_model_dir: Path) -> None:
+    ckpt = load_checkpoint(tiny_model_dir)
+    files = [sample_path("en")]
+    (r,) = evaluate(ckpt, files, max_bytes=600, window=64, window_bytes=256, only=["1k"])
+    (full,) = [x for x in evaluate(ckpt, files, max_bytes=600, window=64, window_bytes=256)
+               if x.head == "1k"]
+    assert r.head == "1k" and r.bits == pytest.approx(full.bits, rel=1e-9)
+    with pytest.raises(KeyError, match="no head 'nope'"):
+        evaluate(ckpt, files, max_bytes=600, window=64, only=["nope"])
