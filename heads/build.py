@@ -67,12 +67,14 @@ def build_heads(
     save_ranking_to: Path | None = None,
     weights: SourceWeights | None = None,
     trim: str = "split",
+    spelling: str = "bpe",
 ) -> Manifest:
     """Write to `out` the native head of `src` plus one nested head per size.
 
     `trim` is how a smaller head spells text: "split" keeps the native segmentation and
     re-spells each removed token in kept ones (heads/split_table.py); "merges" filters the
-    BPE merges, which can move the boundaries around a removed token.
+    BPE merges, which can move the boundaries around a removed token. `spelling` is how a
+    split head re-spells a removed token (see `build_split_table`).
     """
     if trim not in TRIMS:
         raise ValueError(f"trim must be one of {TRIMS}, not {trim!r}")
@@ -122,7 +124,8 @@ def build_heads(
         head = remap(native, name, size, f"tokenizers/{name}.json")
         if trim == "split":
             table = f"tokenizers/{name}.split.npz"
-            files[table] = build_split_table(ordered, size, fingerprint).to_bytes()
+            files[table] = build_split_table(ordered, size, fingerprint, spelling,
+                                             trimmed).to_bytes()
             head = replace(head, encoder=native_file, split_table=table)
         heads.append(head)
     files[native_file] = ordered.to_str()
@@ -133,7 +136,7 @@ def build_heads(
     tensors = _permuted_tensors(src, manifest, native, torch.as_tensor(perm))
     extra = {**manifest.extra, "ranking": {"source": rk.source, "vocab_sha256": rk.vocab_sha256,
                                            "specials_last": keep_first is not None},
-             "trim": trim}
+             "trim": trim, **({"spelling": spelling} if trim == "split" else {})}
     out_manifest = replace(manifest, heads=tuple(heads), extra=extra)
     save_checkpoint(out, out_manifest, tensors, files)
     return out_manifest

@@ -4,10 +4,12 @@ A head trimmed by filtering BPE merges re-segments text around each removed toke
 merges (a, b) then (b, c) and "ab" removed, "ab|c" becomes "a|bc", so the backbone sees
 boundaries it never saw in training. A split table instead keeps the native tokenizer's
 segmentation and re-spells only the removed tokens: native id t becomes
-`pieces[offsets[t]:offsets[t + 1]]`, its best split into kept ids (fewest pieces, then the
-most frequent, i.e. lowest, ids), with characters no kept token spells in byte tokens. Every
-native boundary stays where it was, and decoding is unchanged (the pieces concatenate to
-the token's text).
+`pieces[offsets[t]:offsets[t + 1]]`, a fixed split of its text into kept ids. Every native
+boundary stays where it was, and decoding is unchanged (the pieces concatenate to the
+token's text). The split is how the head's merge-filtered BPE spells the token's text on
+its own ("bpe", the default: those are the pieces the backbone sees for such words in the
+merge-filtered head), or the fewest kept pieces ("fewest", ties to the most frequent, i.e.
+lowest, ids); characters no kept token spells go to byte tokens.
 
 On disk, `tokenizers/<head>.split.npz`: `offsets` [V_native + 1] int64, `pieces` int32 (each
 < V_head), and `encoder_sha256`, the vocabulary fingerprint of the native tokenizer the
@@ -32,6 +34,7 @@ from heads.trimming import _byte_symbols, _has_type
 log = logging.getLogger(__name__)
 
 _INF = 1 << 60
+SPELLINGS = ("bpe", "fewest")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +90,19 @@ class SplitTable:
         return table
 
 
-def build_split_table(native: Tokenizer, vocab_size: int, encoder_sha256: str) -> SplitTable:
+def build_split_table(native: Tokenizer, vocab_size: int, encoder_sha256: str,
+                      spelling: str = "bpe", trimmed: Tokenizer | None = None) -> SplitTable:
     """The table for the head of ids [0, vocab_size) of `native` (in Matryoshka order, so
-    the head's ids are a prefix of the native ones)."""
+    the head's ids are a prefix of the native ones).
+
+    `spelling` is how a removed token is re-spelled: "bpe", as the head's own
+    merge-filtered BPE (`trimmed`) spells the token's text on its own, falling back to the
+    fewest pieces where that is not exact; or "fewest", the fewest kept pieces.
+    """
+    if spelling not in SPELLINGS:
+        raise ValueError(f"spelling must be one of {SPELLINGS}, not {spelling!r}")
+    if spelling == "bpe" and trimmed is None:
+        raise ValueError("spelling 'bpe' needs the head's trimmed tokenizer")
     d = json.loads(native.to_str())
     model = d["model"]
     if model.get("type") != "BPE":
@@ -110,12 +123,29 @@ def build_split_table(native: Tokenizer, vocab_size: int, encoder_sha256: str) -
     offsets = np.zeros(n + 1, dtype=np.int64)
     pieces: list[int] = list(range(vocab_size))
     offsets[1:vocab_size + 1] = np.arange(1, vocab_size + 1)
+    by_bpe = _bpe_spellings(native, trimmed, vocab_size, n) if trimmed is not None else {}
     for i in range(vocab_size, n):
-        pieces += _spell(text_of[i], kept, longest, byte_ids)
+        pieces += by_bpe.get(i) or _spell(text_of[i], kept, longest, byte_ids)
         offsets[i + 1] = len(pieces)
     log.debug("split table for V=%d: %d native ids re-spelled in %d pieces", vocab_size,
               n - vocab_size, len(pieces) - vocab_size)
     return SplitTable(offsets, np.asarray(pieces, dtype=np.int32), vocab_size, encoder_sha256)
+
+
+def _bpe_spellings(native: Tokenizer, trimmed: Tokenizer, vocab_size: int, n: int
+                   ) -> dict[int, list[int]]:
+    """Native id -> the trimmed BPE's ids for that token's text alone, where they decode
+    back to exactly that text (a token holding part of a UTF-8 character does not)."""
+    plain = Tokenizer.from_str(trimmed.to_str())
+    plain.encode_special_tokens = True  # a special's text is spelled, never matched
+    ids = range(vocab_size, n)
+    texts = [native.decode([i], skip_special_tokens=False) for i in ids]
+    out = {}
+    for i, text, enc in zip(ids, texts, plain.encode_batch_fast(texts, add_special_tokens=False),
+                            strict=True):
+        if enc.ids and native.decode(enc.ids, skip_special_tokens=False) == text:
+            out[i] = enc.ids
+    return out
 
 
 def _as_vocab_string(d: dict, text: str) -> str:

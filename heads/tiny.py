@@ -71,7 +71,7 @@ def build_tiny(out: Path) -> Manifest:
         files[rel] = tok.to_str()
         split = None
         if v < native_v:
-            table = build_split_table(ordered, v, vocab_fingerprint(ordered))
+            table = build_split_table(ordered, v, vocab_fingerprint(ordered), "bpe", tok)
             split = f"tokenizers/{name}.split.npz"
             files[split] = table.to_bytes()
         n_tokens = sum(len(table.expand(ids)) if split else len(ids) for ids in native_ids)

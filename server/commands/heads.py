@@ -50,6 +50,10 @@ def _register_build(hsub: argparse._SubParsersAction) -> None:
                        help="how a smaller head spells text: 'split' keeps the native "
                        "segmentation and re-spells removed tokens in kept ones (default); "
                        "'merges' filters the BPE merges (boundaries can move)")
+    build.add_argument("--spelling", choices=("bpe", "fewest"), default="bpe",
+                       help="with --trim split: re-spell a removed token as the head's "
+                       "merge-filtered BPE spells its text alone ('bpe', default), or in the "
+                       "fewest kept tokens")
     build.set_defaults(run=_heads_build)
     rank = hsub.add_parser("rank", help="rank a checkpoint's native tokens on a corpus and "
                            "save the order (.npz) for `heads build --ranking`")
@@ -123,7 +127,7 @@ def _heads_build(args: argparse.Namespace) -> None:
     configure_logging("text", "INFO")
     m = build_heads(args.src, args.out, args.sizes, corpus=args.corpus, ranking=args.ranking,
                     specials_last=args.specials_last, save_ranking_to=args.save_ranking,
-                    weights=_weights(args), trim=args.trim)
+                    weights=_weights(args), trim=args.trim, spelling=args.spelling)
     print(f"wrote {args.out}: heads " + ", ".join(f"{h.name} (V={h.vocab_size})"
                                                  for h in m.heads))
 

@@ -49,8 +49,9 @@ def _heads(full: Tokenizer, v: int) -> tuple[HeadTokenizer, HeadTokenizer]:
 def _build(full: Tokenizer, v: int) -> tuple[HeadTokenizer, HeadTokenizer]:
     n = full.get_vocab_size()
     native = HeadTokenizer(full, n)
-    table = build_split_table(full, v, vocab_fingerprint(full))
-    return native, HeadTokenizer(trim_tokenizer(full, v), v, split=table, encoder=native)
+    trimmed = trim_tokenizer(full, v)
+    table = build_split_table(full, v, vocab_fingerprint(full), "bpe", trimmed)
+    return native, HeadTokenizer(trimmed, v, split=table, encoder=native)
 
 
 @pytest.mark.parametrize("which", ["bytelevel", "fallback"])
@@ -84,9 +85,21 @@ def test_every_native_boundary_is_kept(request, which: str) -> None:
         assert [t for t in nat if t < 400] == [ids[k] for k, j in enumerate(src) if nat[j] < 400]
 
 
+def test_bpe_spelling_is_the_trimmed_bpe_of_the_token_alone(fallback: Tokenizer) -> None:
+    v = 300
+    trimmed = trim_tokenizer(fallback, v)
+    table = build_split_table(fallback, v, "x", "bpe", trimmed)
+    for t in range(v, fallback.get_vocab_size()):
+        text = fallback.decode([t])
+        pieces = table.pieces[table.offsets[t]:table.offsets[t + 1]].tolist()
+        assert pieces == trimmed.encode(text, add_special_tokens=False).ids
+    with pytest.raises(ValueError, match="needs the head's trimmed tokenizer"):
+        build_split_table(fallback, v, "x", "bpe")
+
+
 def test_split_uses_fewest_pieces(bytelevel: Tokenizer) -> None:
     v = 400
-    table = build_split_table(bytelevel, v, "x")
+    table = build_split_table(bytelevel, v, "x", "fewest")
     trimmed = trim_tokenizer(bytelevel, v)
     vocab = {i: t for t, i in bytelevel.get_vocab().items()}
     for t in range(v, bytelevel.get_vocab_size(), 37):
@@ -105,7 +118,7 @@ def test_unspellable_chars_become_byte_tokens(fallback: Tokenizer) -> None:
 
 def test_table_round_trips_through_bytes_and_rejects_mismatch(bytelevel: Tokenizer,
                                                               tmp_path) -> None:
-    table = build_split_table(bytelevel, 500, vocab_fingerprint(bytelevel))
+    table = build_split_table(bytelevel, 500, vocab_fingerprint(bytelevel), "fewest")
     path = tmp_path / "t.split.npz"
     path.write_bytes(table.to_bytes())
     loaded = SplitTable.load(path)
