@@ -77,7 +77,7 @@ def build_split(ckpt: Checkpoint, head: str, windows: dict[str, list[str]], top_
     n_bytes = []
     pieces = [(s, p) for s, ps in windows.items() for p in ps]
     sources = list(windows)
-    for source, piece in tqdm(pieces, desc=desc, unit="window"):
+    for source, piece in tqdm(pieces, desc=desc, unit="window", mininterval=2.0):
         enc = tok_h.encode(piece, add_special_tokens=False)
         if not enc.ids:
             continue

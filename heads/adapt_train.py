@@ -143,7 +143,7 @@ def train(w: torch.Tensor, train_data: dict[str, torch.Tensor],
             log.info("resuming at step %d (best held-out BPB %.4f)", step, best)
     n = train_data["target"].numel()
     per_epoch = max(1, n // cfg.batch)
-    bar = tqdm(total=cfg.steps, initial=step, desc="adapt", unit="step")
+    bar = tqdm(total=cfg.steps, initial=step, desc="adapt", unit="step", mininterval=2.0)
     while step < cfg.steps and bad < cfg.patience:
         epoch, i = divmod(step, per_epoch)
         order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed + epoch))
@@ -162,7 +162,7 @@ def train(w: torch.Tensor, train_data: dict[str, torch.Tensor],
                 best_state = {k: v.detach().clone() for k, v in params.state_dict().items()}
             else:
                 bad += 1
-            bar.set_postfix(loss=f"{float(loss):.3f}", heldout_bpb=f"{now:.4f}",
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", heldout_bpb=f"{now:.4f}",
                             best=f"{best:.4f}")
             _save(state_path, cfg, params, opt, step, best, bad, best_state, history)
     bar.close()
