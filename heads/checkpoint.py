@@ -185,4 +185,10 @@ def describe_checkpoint(directory: Path) -> str:
         lines.append(
             f"{h.name:<8}{h.vocab_size:>9}  {matrix:<28}{bpt:>10}{bpb:>8}{h.training_bytes:>14,}"
         )
+    for h in m.heads:
+        a = h.adapter
+        if a is not None:
+            lines.append(f"adapter {h.name}: {a.kind} r={a.rank}, {a.steps} steps on "
+                         f"{a.train_positions:,} positions, held-out BPB "
+                         f"{a.heldout_bpb_before} -> {a.heldout_bpb_after} ({a.file})")
     return "\n".join(lines)

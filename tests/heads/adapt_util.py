@@ -19,7 +19,7 @@ def tiny_corpus(directory: Path) -> Path:
     return directory
 
 
-def adapt_tiny(src: Path, out: Path, work: Path, kind: str = "lowrank", steps: int = 80,
+def adapt_tiny(src: Path, out: Path | None, work: Path, kind: str = "lowrank", steps: int = 80,
                head: str = "1k") -> AdaptReport:
     data = DataConfig(tiny_corpus(work / "corpus"), (("tiny", 1.0),), train_bytes=40_000,
                       heldout_bytes=8_000)
