@@ -150,7 +150,7 @@ def adapt(checkpoint: Path, cfg: AdaptConfig, out: Path | None = None) -> AdaptR
     spec = AdapterSpec(
         kind=t.kind, rank=t.rank, prefix=default_prefix(cfg.head),
         file=f"{ADAPTER_DIR}/{cfg.head}-{t.kind}-r{t.rank}-{run_key}.safetensors",
-        steps=result.steps, data=tuple(f"{s}.train.txt" for s in cfg.data.sources()
+        steps=result.best_step, data=tuple(f"{s}.train.txt" for s in cfg.data.sources()
                                        if (cfg.data.corpus_dir / f"{s}.train.txt").is_file()),
         train_positions=int(train_data["target"].numel()),
         heldout_bpb_before=round(result.heldout_bpb_before, 4),

@@ -17,6 +17,7 @@ import logging
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -118,6 +119,7 @@ def bpb(bits: torch.Tensor, data: dict[str, torch.Tensor]) -> float:
 class TrainResult:
     params: AdapterParams  # the best parameters seen
     steps: int  # optimizer steps taken (over all runs of a resumed training)
+    best_step: int  # the step `params` come from
     heldout_bpb_before: float
     heldout_bpb_after: float  # of `params`
     history: tuple[tuple[int, float], ...]  # (step, held-out BPB) at every evaluation
@@ -132,6 +134,7 @@ def train(w: torch.Tensor, train_data: dict[str, torch.Tensor],
     opt = torch.optim.Adam(params.parameters(), lr=cfg.lr)
     before = bpb(heldout_bits(None, w, heldout), heldout)
     step, best, bad, history = 0, before, 0, [(0, before)]
+    best_step = 0
     best_state = {k: v.clone() for k, v in params.state_dict().items()}
     if state_path.is_file():
         saved = torch.load(state_path, weights_only=False)
@@ -139,6 +142,7 @@ def train(w: torch.Tensor, train_data: dict[str, torch.Tensor],
             params.load_state_dict(saved["params"])
             opt.load_state_dict(saved["optimizer"])
             step, best, bad = saved["step"], saved["best"], saved["bad"]
+            best_step = saved["best_step"]
             best_state, history = saved["best_params"], saved["history"]
             log.info("resuming at step %d (best held-out BPB %.4f)", step, best)
     n = train_data["target"].numel()
@@ -158,24 +162,26 @@ def train(w: torch.Tensor, train_data: dict[str, torch.Tensor],
             now = bpb(heldout_bits(params, w, heldout), heldout)
             history.append((step, now))
             if now < best:
-                best, bad = now, 0
+                best, bad, best_step = now, 0, step
                 best_state = {k: v.detach().clone() for k, v in params.state_dict().items()}
             else:
                 bad += 1
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", heldout_bpb=f"{now:.4f}",
                             best=f"{best:.4f}")
-            _save(state_path, cfg, params, opt, step, best, bad, best_state, history)
+            _save(state_path, cfg, params, opt, step,
+                  {"best": best, "bad": bad, "best_step": best_step, "best_params": best_state,
+                   "history": history})
     bar.close()
     params.load_state_dict(best_state)
-    return TrainResult(params, step, before, best, tuple(history))
+    return TrainResult(params, step, best_step, before, best, tuple(history))
 
 
 def _save(path: Path, cfg: TrainConfig, params: AdapterParams, opt: torch.optim.Optimizer,
-          step: int, best: float, bad: int, best_state: dict[str, torch.Tensor],
-          history: list[tuple[int, float]]) -> None:
+          step: int, progress: dict[str, Any]) -> None:
+    """`progress`: best, bad (evaluations without a new best), best_step, best_params,
+    history."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     torch.save({"config": asdict(cfg), "params": params.state_dict(),
-                "optimizer": opt.state_dict(), "step": step, "best": best, "bad": bad,
-                "best_params": best_state, "history": history}, tmp)
+                "optimizer": opt.state_dict(), "step": step, **progress}, tmp)
     tmp.replace(path)

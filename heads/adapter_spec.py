@@ -30,7 +30,7 @@ class AdapterSpec:
     rank: int  # r
     prefix: str  # tensor names are prefix + BIAS, LOWRANK_A, ...
     file: str  # safetensors file holding them, relative to the checkpoint directory
-    steps: int = 0  # optimizer steps the stored tensors come from
+    steps: int = 0  # optimizer steps the stored tensors come from (the best held-out BPB)
     data: tuple[str, ...] = ()  # training sources (corpus file names)
     train_positions: int = 0  # scored positions in the training set
     heldout_bpb_before: float | None = None  # held-out BPB of the head without the adapter

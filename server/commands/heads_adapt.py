@@ -82,7 +82,8 @@ def _heads_adapt(args: argparse.Namespace) -> None:
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     s, r = report.spec, report.result
     print(f"adapted {args.head} ({s.kind}, r={s.rank}) in {report.checkpoint}: {r.steps} steps "
-          f"on {s.train_positions} positions, {seconds:.0f} s, peak RSS {peak_mib:.0f} MiB")
+          f"(best at {r.best_step}) on {s.train_positions} positions, {seconds:.0f} s, "
+          f"peak RSS {peak_mib:.0f} MiB")
     print(f"held-out BPB {r.heldout_bpb_before:.4f} -> {r.heldout_bpb_after:.4f} "
           f"({r.heldout_bpb_after / r.heldout_bpb_before - 1:+.1%}); adapter file "
           f"{report.adapter_bytes / 2**20:.2f} MB ({s.file})")
