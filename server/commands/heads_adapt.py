@@ -24,9 +24,11 @@ def register(hsub: argparse._SubParsersAction) -> None:
         "adapt", help="fit a trimmed head's output adapter with the backbone frozen")
     p.add_argument("dir", type=Path, help="checkpoint directory")
     p.add_argument("--head", required=True, help="the trimmed head to adapt (not the native)")
-    p.add_argument("--kind", choices=("lowrank", "hidden"), default="lowrank",
-                   help="lowrank: bias + A B on the head's rows; hidden: bias + h + U D h")
-    p.add_argument("--rank", type=int, default=32, help="r (default 32: ~4.4 MB at V=32k)")
+    p.add_argument("--kind", choices=("lowrank", "hidden"), default="hidden",
+                   help="hidden (default): bias + h + U D h; lowrank: bias + A B on the "
+                   "head's rows")
+    p.add_argument("--rank", type=int, default=32,
+                   help="r (default 32: 0.3 MB hidden, 4.4 MB low-rank at V=32k)")
     p.add_argument("--steps", type=int, default=600, help="most optimizer steps")
     p.add_argument("--batch", type=int, default=512, help="positions per step")
     p.add_argument("--lr", type=float, default=3e-3)
