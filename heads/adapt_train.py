@@ -36,7 +36,7 @@ EVAL_ROWS = 1024  # held-out logits per chunk: [1024, V] fp32
 class TrainConfig:
     kind: str = "hidden"  # heads/adapter_spec.KINDS; hidden measured better on the demo
     rank: int = 32
-    steps: int = 600  # the most optimizer steps; early stopping may end sooner
+    steps: int = 300  # the most optimizer steps; early stopping may end sooner
     batch: int = 512  # positions per step
     lr: float = 3e-3
     kl_weight: float = 1.0

@@ -29,7 +29,7 @@ def register(hsub: argparse._SubParsersAction) -> None:
                    "head's rows")
     p.add_argument("--rank", type=int, default=32,
                    help="r (default 32: 0.3 MB hidden, 4.4 MB low-rank at V=32k)")
-    p.add_argument("--steps", type=int, default=600, help="most optimizer steps")
+    p.add_argument("--steps", type=int, default=300, help="most optimizer steps")
     p.add_argument("--batch", type=int, default=512, help="positions per step")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--kl-weight", type=float, default=1.0,
