@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from heads.checkpoint import Checkpoint
 from heads.evaluate import forward_hidden
+from heads.tokenizer import HeadTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +42,30 @@ def plain(tok: Tokenizer) -> Tokenizer:
     return out
 
 
-def fold_map(native: Tokenizer, head: Tokenizer, v_head: int, v_native: int) -> torch.Tensor:
+def fold_map(native: Tokenizer, head: HeadTokenizer, v_head: int, v_native: int
+             ) -> torch.Tensor:
     """[V_native] int64: where each native token's probability goes on the head. A token the
     head kept maps to itself; a removed one (id >= V_head) to the first head token of its
     spelling, or -1 (mass dropped) when it spells nothing (special tokens)."""
     removed = list(range(v_head, v_native))
     texts = native.decode_batch([[t] for t in removed], skip_special_tokens=True)
-    firsts = [enc.ids[0] if enc.ids else -1
-              for enc in head.encode_batch(texts, add_special_tokens=False)]
+    firsts = [ids[0] if ids else -1 for ids in head.encode_batch(texts)]
     return torch.cat([torch.arange(v_head), torch.tensor(firsts, dtype=torch.int64)])
+
+
+def segment(head: HeadTokenizer, head_plain: Tokenizer, native_plain: Tokenizer, text: str
+            ) -> tuple[list[int], list[bool]]:
+    """The head's ids of `text` (what `head.encode` returns) and, per id, whether it starts
+    where a native token starts. A boundary-preserving head re-spells native tokens, so
+    its first piece of each is the boundary; any other head is matched by char offsets."""
+    native = native_plain.encode(text, add_special_tokens=False)
+    if head.split is not None:
+        src = head.split.sources(native.ids).tolist()
+        return head.split.expand(native.ids), [i == 0 or src[i] != src[i - 1]
+                                                for i in range(len(src))]
+    enc = head_plain.encode(text, add_special_tokens=False)
+    starts = {a for a, _ in native.offsets}
+    return enc.ids, [a in starts for a, _ in enc.offsets]
 
 
 def folded_top_k(logits: torch.Tensor, fold: torch.Tensor, v_head: int, k: int
@@ -67,9 +83,10 @@ def build_split(ckpt: Checkpoint, head: str, windows: dict[str, list[str]], top_
                 desc: str) -> dict[str, torch.Tensor]:
     spec = ckpt.manifest.head(head)
     native = max(ckpt.manifest.heads, key=lambda h: h.vocab_size)
-    tok_h = plain(ckpt.tokenizers[head].tokenizer)
+    head_tok = ckpt.tokenizers[head]
+    tok_h = plain(head_tok.tokenizer)
     tok_n = plain(ckpt.tokenizers[native.name].tokenizer)
-    fold = fold_map(tok_n, tok_h, spec.vocab_size, native.vocab_size)
+    fold = fold_map(tok_n, head_tok, spec.vocab_size, native.vocab_size)
     w_native = ckpt.model.head_output(native.name).weight.float()  # [V_native, d]
     cols: dict[str, list[torch.Tensor]] = {k: [] for k in
                                            ("hidden", "target", "teacher_ids",
@@ -78,22 +95,21 @@ def build_split(ckpt: Checkpoint, head: str, windows: dict[str, list[str]], top_
     pieces = [(s, p) for s, ps in windows.items() for p in ps]
     sources = list(windows)
     for source, piece in tqdm(pieces, desc=desc, unit="window", mininterval=2.0):
-        enc = tok_h.encode(piece, add_special_tokens=False)
-        if not enc.ids:
+        ids, boundary = segment(head_tok, tok_h, tok_n, piece)
+        if not ids:
             continue
-        starts = {a for a, _ in tok_n.encode(piece, add_special_tokens=False).offsets}
-        ctx = ([spec.bos_token_id] if spec.bos_token_id is not None else []) + enc.ids
+        ctx = ([spec.bos_token_id] if spec.bos_token_id is not None else []) + ids
         hidden = forward_hidden(ckpt, head, ctx)[:-1].float()  # row i predicts ctx[i + 1]
         first = 0 if spec.bos_token_id is not None else 1  # no BOS: token 0 is unpredicted
         cols["hidden"].append(hidden)
-        cols["target"].append(torch.tensor(enc.ids[first:]))
-        cols["boundary"].append(torch.tensor([a in starts for a, _ in enc.offsets[first:]]))
+        cols["target"].append(torch.tensor(ids[first:]))
+        cols["boundary"].append(torch.tensor(boundary[first:]))
         cols["source"].append(torch.full((hidden.shape[0],), sources.index(source)))
         with torch.inference_mode():
             for r in range(0, hidden.shape[0], TEACHER_ROWS):
-                ids, probs = folded_top_k(hidden[r:r + TEACHER_ROWS] @ w_native.T, fold,
+                top, probs = folded_top_k(hidden[r:r + TEACHER_ROWS] @ w_native.T, fold,
                                           spec.vocab_size, top_k)
-                cols["teacher_ids"].append(ids)
+                cols["teacher_ids"].append(top)
                 cols["teacher_probs"].append(probs)
     for s in sources:
         n_bytes.append(sum(len(p.encode()) for p in windows[s]))

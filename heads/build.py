@@ -8,12 +8,10 @@ write one checkpoint whose heads all read prefixes of the one matrix.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
-from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +20,12 @@ from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from heads.checkpoint import save_checkpoint, validate_checkpoint
-from heads.corpus import read_documents
 from heads.errors import CheckpointError, TokenizerError
 from heads.manifest import HeadSpec, Manifest
-from heads.trimming import count_tokens, rank_tokens, reorder_tokenizer, trim_tokenizer
+from heads.ranking import Ranking, SourceWeights, load_ranking, rank_on_corpus, save_ranking
+from heads.split_table import build_split_table
+from heads.tokenizer import vocab_fingerprint
+from heads.trimming import reorder_tokenizer, trim_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ GEMMA3_RANKING = DATA_DIR / "gemma3-ranking.npz"
 DEMO_SIZES = (32768, 131072)
 # Above this many ids, reserved specials (Gemma-3 has 6k `<unusedN>`) go last by default.
 SPECIALS_LAST_FROM_V = 65536
+TRIMS = ("split", "merges")
 # Special tokens a chat or a generation needs even when a corpus never shows them.
 _CORE_SPECIAL = re.compile(
     r"<\|?(pad|unk|mask|bos|eos|s|/s|endoftext)\|?>|\[(PAD|UNK|CLS|SEP|MASK|BOS|EOS)\]"
@@ -42,21 +43,9 @@ _CORE_SPECIAL = re.compile(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Ranking:
-    order: list[int]  # old ids in Matryoshka order
-    vocab_sha256: str  # of the tokenizer the order was ranked for
-    source: str  # what it was ranked on
-
-
 def head_label(vocab_size: int) -> str:
     """Thousands, truncated, as the paper names heads: 32768 -> 32k, 131072 -> 131k."""
     return f"{vocab_size // 1000}k" if vocab_size >= 1000 else str(vocab_size)
-
-
-def vocab_fingerprint(tok: Tokenizer) -> str:
-    by_id = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
-    return hashlib.sha256("\0".join(t for t, _ in by_id).encode()).hexdigest()
 
 
 def core_specials(tok: Tokenizer, manifest: Manifest, head: HeadSpec) -> set[str]:
@@ -68,32 +57,6 @@ def core_specials(tok: Tokenizer, manifest: Manifest, head: HeadSpec) -> set[str
         a["id"] in ids or _CORE_SPECIAL.fullmatch(a["content"]) or a["content"] in template)}
 
 
-def rank_on_corpus(tok: Tokenizer, files: list[Path], keep_first: set[str] | None) -> Ranking:
-    counts: Counter[int] = Counter()
-    for path in files:
-        counts.update(count_tokens(tok, read_documents(path)))
-        log.info("counted %s: %d distinct tokens so far", path.name, len(counts))
-    order = rank_tokens(tok, counts, keep_first=keep_first)
-    return Ranking(order, vocab_fingerprint(tok), ", ".join(p.name for p in files))
-
-
-def save_ranking(path: Path, ranking: Ranking) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as f:  # np.savez_compressed would append .npz to a str path
-        np.savez_compressed(f, order=np.asarray(ranking.order, dtype=np.int32),
-                            vocab_sha256=np.asarray(ranking.vocab_sha256),
-                            source=np.asarray(ranking.source))
-
-
-def load_ranking(path: Path) -> Ranking:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return Ranking(z["order"].astype(np.int64).tolist(), str(z["vocab_sha256"]),
-                           str(z["source"]))
-    except (OSError, KeyError, ValueError) as e:
-        raise TokenizerError(f"{path}: not a token ranking file ({e})") from e
-
-
 def build_heads(
     src: Path,
     out: Path,
@@ -102,12 +65,20 @@ def build_heads(
     ranking: Path | None = None,
     specials_last: bool | None = None,
     save_ranking_to: Path | None = None,
+    weights: SourceWeights | None = None,
+    trim: str = "split",
 ) -> Manifest:
-    """Write to `out` the native head of `src` plus one nested head per size."""
+    """Write to `out` the native head of `src` plus one nested head per size.
+
+    `trim` is how a smaller head spells text: "split" keeps the native segmentation and
+    re-spells each removed token in kept ones (heads/split_table.py); "merges" filters the
+    BPE merges, which can move the boundaries around a removed token.
+    """
+    if trim not in TRIMS:
+        raise ValueError(f"trim must be one of {TRIMS}, not {trim!r}")
     if (corpus is None) == (ranking is None):
         raise ValueError("give exactly one of corpus files or a ranking file")
-    manifest = validate_checkpoint(src)
-    native = max(manifest.heads, key=lambda h: h.vocab_size)
+    manifest, native, tok, keep_first = _native_head(src, specials_last)
     if len(manifest.heads) > 1:
         log.warning("%s has %d heads; building from the native head %r only",
                     src, len(manifest.heads), native.name)
@@ -115,14 +86,9 @@ def build_heads(
     bad = [s for s in sizes if not 0 < s < v]
     if bad:
         raise ValueError(f"sizes must be in (0, {v}) (the native V); got {bad[0]}")
-    tok = Tokenizer.from_file(str(src / native.tokenizer))
-    if tok.get_vocab_size(with_added_tokens=True) != v:
-        raise TokenizerError(f"native tokenizer has {tok.get_vocab_size()} ids, head V={v}")
-    demote = v > SPECIALS_LAST_FROM_V if specials_last is None else specials_last
-    keep_first = core_specials(tok, manifest, native) if demote else None
 
     if corpus is not None:
-        rk = rank_on_corpus(tok, corpus, keep_first)
+        rk = rank_on_corpus(tok, corpus, keep_first, weights)
         if save_ranking_to is not None:
             save_ranking(save_ranking_to, rk)
     else:
@@ -138,28 +104,60 @@ def build_heads(
         bos = None if h.bos_token_id is None else int(new_of_old[h.bos_token_id])
         return replace(h, name=name, vocab_size=size, tokenizer=tokenizer, bos_token_id=bos,
                        eos_token_ids=tuple(int(new_of_old[i]) for i in h.eos_token_ids),
-                       bytes_per_token=None, bpb=None)
+                       bytes_per_token=None, bpb=None, encoder=None, split_table=None)
 
-    heads, files = [], {}
+    native_file = f"tokenizers/{native.name}.json"
+    fingerprint = vocab_fingerprint(ordered)
+    heads: list[HeadSpec] = []
+    files: dict[str, str | bytes] = {}
     for size in sorted(sizes):
         name = head_label(size)
+        # The merge-filtered tokenizer is the head's tokenizer.json either way: standard
+        # tools can load it, and its ids < V decode exactly as the native ones.
         trimmed = trim_tokenizer(ordered, size, keep_all_specials=keep_first is None)
         lost = sorted(t for t in keep_first or () if trimmed.token_to_id(t) is None)
         if lost:
             raise TokenizerError(f"head {name}: would lose special token {lost[0]!r}")
         files[f"tokenizers/{name}.json"] = trimmed.to_str()
-        heads.append(remap(native, name, size, f"tokenizers/{name}.json"))
-    files[f"tokenizers/{native.name}.json"] = ordered.to_str()
-    heads.append(remap(native, native.name, v, f"tokenizers/{native.name}.json"))
+        head = remap(native, name, size, f"tokenizers/{name}.json")
+        if trim == "split":
+            table = f"tokenizers/{name}.split.npz"
+            files[table] = build_split_table(ordered, size, fingerprint).to_bytes()
+            head = replace(head, encoder=native_file, split_table=table)
+        heads.append(head)
+    files[native_file] = ordered.to_str()
+    heads.append(remap(native, native.name, v, native_file))
     if len({h.name for h in heads}) != len(heads):
         raise ValueError(f"head names collide: {[h.name for h in heads]}")
 
     tensors = _permuted_tensors(src, manifest, native, torch.as_tensor(perm))
     extra = {**manifest.extra, "ranking": {"source": rk.source, "vocab_sha256": rk.vocab_sha256,
-                                           "specials_last": keep_first is not None}}
+                                           "specials_last": keep_first is not None},
+             "trim": trim}
     out_manifest = replace(manifest, heads=tuple(heads), extra=extra)
     save_checkpoint(out, out_manifest, tensors, files)
     return out_manifest
+
+
+def _native_head(src: Path, specials_last: bool | None
+                 ) -> tuple[Manifest, HeadSpec, Tokenizer, set[str] | None]:
+    """The checkpoint's manifest, its native (largest) head and that head's tokenizer, and
+    the specials that stay first when unused ones are ranked last (None: all stay first)."""
+    manifest = validate_checkpoint(src)
+    native = max(manifest.heads, key=lambda h: h.vocab_size)
+    v = native.vocab_size
+    tok = Tokenizer.from_file(str(src / native.tokenizer))
+    if tok.get_vocab_size(with_added_tokens=True) != v:
+        raise TokenizerError(f"native tokenizer has {tok.get_vocab_size()} ids, head V={v}")
+    demote = v > SPECIALS_LAST_FROM_V if specials_last is None else specials_last
+    return manifest, native, tok, core_specials(tok, manifest, native) if demote else None
+
+
+def rank_checkpoint(src: Path, corpus: list[Path], weights: SourceWeights | None = None,
+                    specials_last: bool | None = None) -> Ranking:
+    """The Matryoshka order of the native head of `src`, ranked on `corpus`."""
+    _, _, tok, keep_first = _native_head(src, specials_last)
+    return rank_on_corpus(tok, corpus, keep_first, weights)
 
 
 def _permuted_tensors(src: Path, manifest: Manifest, native: HeadSpec,

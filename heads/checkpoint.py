@@ -5,6 +5,7 @@ Layout:
     model.safetensors        backbone.* tensors and the shared head matrices
     tokenizers/<head>.json   one HF tokenizers file per head
     adapters/*.safetensors   adapted heads' tensors, one file per head (HeadSpec.adapter)
+    tokenizers/<head>.split.npz  boundary-preserving heads only: see heads/split_table.py
 
 Writes go to a temporary sibling directory that is renamed into place, so a crash or a full
 disk never leaves a half-written model behind.
@@ -16,7 +17,8 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -26,7 +28,8 @@ from safetensors.torch import save_file
 from heads.errors import CheckpointError, TokenizerError
 from heads.manifest import Manifest
 from heads.model import MultiHeadModel
-from heads.tokenizer import HeadTokenizer
+from heads.split_table import SplitTable
+from heads.tokenizer import HeadTokenizer, vocab_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +53,34 @@ def _tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
 
 def _load_tokenizers(directory: Path, manifest: Manifest) -> dict[str, HeadTokenizer]:
-    out = {}
-    for i, h in enumerate(manifest.heads):
+    out: dict[str, HeadTokenizer] = {}
+    by_file: dict[str, HeadTokenizer] = {}  # one load per tokenizer file (262k takes seconds)
+    # Heads that encode on their own first: a boundary-preserving head reuses one of them.
+    for i, h in sorted(enumerate(manifest.heads), key=lambda ih: ih[1].split_table is not None):
         path = directory / h.tokenizer
         if not path.is_file():
             raise CheckpointError(f"heads[{i}].tokenizer: {path} is missing")
         try:
-            out[h.name] = HeadTokenizer.from_file(path, h.vocab_size)
+            tok = HeadTokenizer.from_file(path, h.vocab_size)
+            if h.split_table is not None and h.encoder is not None:
+                tok = _with_split(directory, h.encoder, h.split_table, tok, by_file)
         except TokenizerError as e:
             raise CheckpointError(f"heads[{i}].tokenizer: {e}") from e
-    return out
+        by_file.setdefault(h.tokenizer, tok)
+        out[h.name] = tok
+    return {h.name: out[h.name] for h in manifest.heads}
+
+
+def _with_split(directory: Path, encoder: str, table: str, tok: HeadTokenizer,
+                loaded: dict[str, HeadTokenizer]) -> HeadTokenizer:
+    """`tok` encoding through the native tokenizer `encoder` and the split table `table`."""
+    split = SplitTable.load(directory / table)
+    native = loaded.get(encoder)
+    if native is None or native.split is not None:
+        native = HeadTokenizer.from_file(directory / encoder, split.native_size)
+    if vocab_fingerprint(native.tokenizer) != split.encoder_sha256:
+        raise TokenizerError(f"{table}: built for another tokenizer than {encoder}")
+    return replace(tok, split=split, encoder=native)
 
 
 def validate_checkpoint(directory: Path) -> Manifest:
@@ -131,11 +152,13 @@ def save_checkpoint(
     directory: Path,
     manifest: Manifest,
     tensors: dict[str, torch.Tensor],
-    tokenizer_json: dict[str, str],
+    tokenizer_json: Mapping[str, str | bytes],
 ) -> None:
-    """Write atomically. `tokenizer_json` maps each head's `tokenizer` path to its JSON text."""
+    """Write atomically. `tokenizer_json` maps each head's `tokenizer` path to its JSON text
+    (and each `split_table` path to the table's bytes)."""
     manifest.validate()
-    missing = [h.tokenizer for h in manifest.heads if h.tokenizer not in tokenizer_json]
+    named = [p for h in manifest.heads for p in (h.tokenizer, h.split_table) if p is not None]
+    missing = [p for p in named if p not in tokenizer_json]
     if missing:
         raise CheckpointError(f"tokenizer file {missing[0]!r} named by a head was not given")
     directory = directory.resolve()
@@ -147,7 +170,10 @@ def save_checkpoint(
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / manifest.weights))
         for rel, text in tokenizer_json.items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / rel).write_text(text, encoding="utf-8")
+            if isinstance(text, bytes):
+                (tmp / rel).write_bytes(text)
+            else:
+                (tmp / rel).write_text(text, encoding="utf-8")
         validate_checkpoint(tmp)
         if directory.exists():
             old = directory.with_name(f".{directory.name}.old-{os.getpid()}")

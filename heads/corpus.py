@@ -150,8 +150,12 @@ def pod_to_text(text: str) -> str:
 # --- sources ---------------------------------------------------------------------------------
 
 
-def _files(root: Path, pattern: str, suffixes: tuple[str, ...]) -> Docs:
+def _files(root: Path, pattern: str, suffixes: tuple[str, ...], skip: str | None = None
+           ) -> Docs:
+    """Text files under `root` matching `pattern`, except those under the folder `skip`."""
     for path in sorted(root.glob(pattern)):
+        if skip is not None and path.relative_to(root).is_relative_to(skip):
+            continue
         if path.is_file() and path.name.endswith(suffixes):
             text = read_text(path).strip()
             if text:
@@ -193,8 +197,11 @@ def _wiki(root: Path) -> Docs:
 SOURCES = (
     Source("gcide", "deb", "dict-gcide", "0.48.5+nmu2", _gcide),
     Source("linux-doc", "deb", "linux-doc-6.12", "6.12.117-1~deb12u1",
+           # Documentation/translations is zh/ja/ko/it/es prose: it would put thousands of
+           # CJK tokens into an English ranking.
            lambda r: _files(r, "usr/share/doc/linux-doc-6.12/Documentation/**/*",
-                            (".rst.gz", ".txt.gz", ".rst", ".txt"))),
+                            (".rst.gz", ".txt.gz", ".rst", ".txt"),
+                            skip="usr/share/doc/linux-doc-6.12/Documentation/translations")),
     Source("python-doc", "deb", "python3.11-doc", "3.11.2-6+deb12u9",
            lambda r: _files(r, "usr/share/doc/python3.11/html/_sources/**/*", (".rst.txt",))),
     Source("perl-doc", "deb", "perl-doc", "5.36.0-7+deb12u4",

@@ -33,6 +33,7 @@ from heads.attention import AttentionMetadata, allocate_kv_cache
 from heads.checkpoint import Checkpoint, load_checkpoint
 from heads.corpus import read_documents, source_name
 from heads.manifest import MANIFEST_FILE
+from heads.split_table import SplitTable
 
 log = logging.getLogger(__name__)
 
@@ -194,11 +195,19 @@ def _byte_token_ids(tok: Tokenizer) -> frozenset[int]:
 
 
 def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int,
-             window_bytes: int | None = None) -> list[HeadSourceResult]:
+             window_bytes: int | None = None, only: list[str] | None = None
+             ) -> list[HeadSourceResult]:
+    """Every head (or the heads named in `only`) over each file."""
     heads = sorted(ckpt.manifest.heads, key=lambda h: h.vocab_size)
     native = heads[-1].name
-    plain = {h.name: _plain(ckpt.tokenizers[h.name].tokenizer) for h in heads}
-    byte_ids = {h.name: _byte_token_ids(plain[h.name]) for h in heads}
+    unknown = sorted(set(only or ()) - {h.name for h in heads})
+    if unknown:
+        raise KeyError(f"no head {unknown[0]!r}; heads: {', '.join(h.name for h in heads)}")
+    plain = {native: _plain(ckpt.tokenizers[native].tokenizer)}
+    for h in heads[:-1]:  # a boundary-preserving head encodes with the native tokenizer
+        tok = ckpt.tokenizers[h.name]
+        plain[h.name] = plain[native] if tok.split else _plain(tok.tokenizer)
+    byte_ids = {h.name: _byte_token_ids(ckpt.tokenizers[h.name].tokenizer) for h in heads}
     full = ckpt.model.unembedding_rows(native).float()  # nested heads read a prefix of it
     w32 = {h.name: (full[:h.vocab_size] if ckpt.manifest.head(h.name).unembedding
                     == ckpt.manifest.head(native).unembedding
@@ -209,9 +218,12 @@ def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int,
         pieces = byte_windows(text, window_bytes) if window_bytes else [text]
         native_spans = [_native_tokens(p, plain[native], byte_ids[native]) for p in pieces]
         for h in heads:
+            if only is not None and h.name not in only:
+                continue
             r = _score(ckpt, h.name, h.vocab_size, source_name(path), pieces, native_spans,
-                       plain[h.name], byte_ids[h.name], window if not window_bytes else None,
-                       w32[h.name])
+                       _Segmenter(plain[h.name], ckpt.tokenizers[h.name].split,
+                                  ckpt.tokenizers[h.name].tokenizer),
+                       byte_ids[h.name], window if not window_bytes else None, w32[h.name])
             log.info("%s %s: %.3f bytes/token, %.4f BPB, %.0f tok/s", h.name, r.source,
                      r.bytes_per_token, r.bpb, r.prefill_tokens_per_s)
             results.append(r)
@@ -230,8 +242,31 @@ def kind_of(token_text: str, is_native: bool, is_byte: bool) -> str:
     return "split_word" if word else "separator"
 
 
+@dataclass(frozen=True, slots=True)
+class _Segmenter:
+    """One head's tokens of a text with their character spans, and for each whether it is
+    a whole native token (None: unknown, found by matching spans)."""
+
+    plain: Tokenizer  # the tokenizer the head encodes with, special text as plain text
+    split: SplitTable | None  # for a boundary-preserving head
+    head: Tokenizer  # the head's own tokenizer, for token strings
+
+    def __call__(self, text: str) -> tuple[list[int], list[tuple[int, int]], list[str],
+                                           list[bool] | None]:
+        ids, offsets = _spans(text, self.plain)
+        if self.split is None:
+            return ids, offsets, [text[a:b] for a, b in offsets], None
+        src = self.split.sources(ids).tolist()
+        out = self.split.expand(ids)
+        whole = [ids[j] < self.split.vocab_size for j in src]
+        # A re-spelled piece's span is its native token's; its own string says what it is.
+        texts = [text[slice(*offsets[j])] if w else (self.head.id_to_token(i) or "")
+                 for i, j, w in zip(out, src, whole, strict=True)]
+        return out, [offsets[j] for j in src], texts, whole
+
+
 def _score(ckpt: Checkpoint, head: str, vocab_size: int, source: str, pieces: list[str],
-           native_spans: list[set[tuple[int, int, bool]]], tok: Tokenizer,
+           native_spans: list[set[tuple[int, int, bool]]], segment: _Segmenter,
            byte_ids: frozenset[int], window: int | None, w32: torch.Tensor
            ) -> HeadSourceResult:
     """One head over one source's pieces; `window` None scores each piece as one context."""
@@ -239,13 +274,14 @@ def _score(ckpt: Checkpoint, head: str, vocab_size: int, source: str, pieces: li
     dt = 0.0
     kinds = dict.fromkeys(KINDS, 0.0)
     for piece, spans in zip(pieces, native_spans, strict=True):
-        ids, offsets = _spans(piece, tok)
+        ids, offsets, texts, whole = segment(piece)
         bits, t = token_bits(ckpt, head, ids, window or len(ids) + 1, w32)
         dt += t
         n_tokens += len(ids)
-        for i, (a, b), bit in zip(ids, offsets, bits.tolist(), strict=True):
+        for n, (i, (a, b), bit) in enumerate(zip(ids, offsets, bits.tolist(), strict=True)):
             is_byte = i in byte_ids
-            k = kind_of(piece[a:b], (a, b, is_byte) in spans, is_byte)
+            native = (a, b, is_byte) in spans if whole is None else whole[n]
+            k = kind_of(texts[n], native, is_byte)
             kinds[k] += bit
             differ += k != "native"
             fallback += is_byte  # counted even where the native head falls back too
@@ -285,6 +321,7 @@ def by_source(results: list[HeadSourceResult]) -> dict[str, dict[str, dict[str, 
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for source in dict.fromkeys(r.source for r in results):
         rs = sorted((r for r in results if r.source == source), key=lambda r: r.vocab_size)
+        # Without the native head (`evaluate(only=...)`), relative to the largest scored.
         native = rs[-1].bpb
         out[source] = {r.head: {"vocab_size": r.vocab_size, "bytes": r.bytes,
                                 "tokens": r.tokens,
@@ -327,13 +364,15 @@ def write_results(ckpt: Checkpoint, results: list[HeadSourceResult], out: Path,
 
 def run_eval(model_dir: Path, files: list[Path], max_bytes: int, window: int,
              out: Path | None = None, compute_dtype: str | None = None,
-             window_bytes: int | None = None, update_manifest: bool = True
-             ) -> tuple[list[HeadSourceResult], Path]:
+             window_bytes: int | None = None, update_manifest: bool = True,
+             only: list[str] | None = None) -> tuple[list[HeadSourceResult], Path]:
     """`compute_dtype` (e.g. "float32") runs the weights upcast: on CPUs without bf16 matmul
     units it is faster than bfloat16 (2.6x for Gemma-3-270M on 2 cores), and no less exact.
     `update_manifest` records the aggregate figures in the checkpoint's manifest (the demo
     build does; `polyhead heads eval` only with --update)."""
     ckpt = load_checkpoint(model_dir, compute_dtype=compute_dtype)
-    results = evaluate(ckpt, files, max_bytes, window, window_bytes)
+    if only is not None and update_manifest:
+        raise ValueError("updating the manifest needs every head evaluated")
+    results = evaluate(ckpt, files, max_bytes, window, window_bytes, only)
     png = write_results(ckpt, results, out or model_dir / "eval", update_manifest)
     return results, png

@@ -93,12 +93,19 @@ class HeadSpec:
     # reuse its rows and the backbone's one training run. A head still to be trained or
     # adapted is not, and the lifecycle policy then charges its C_train against λ.
     training_sunk: bool = True
+    # A boundary-preserving head: the tokenizer.json it encodes with (the native head's) and
+    # the split table (.npz) that re-spells the native ids outside this head in its own;
+    # `tokenizer` then only decodes. Both None for a head that encodes with `tokenizer`.
+    encoder: str | None = None
+    split_table: str | None = None
     # A learned output correction on top of the shared rows (heads/adapter_spec.py).
     adapter: AdapterSpec | None = None
 
     def validate(self, where: str) -> None:
         if not self.name or ":" in self.name:
             raise CheckpointError(f"{where}.name: must be non-empty and contain no ':'")
+        if (self.encoder is None) != (self.split_table is None):
+            raise CheckpointError(f"{where}: encoder and split_table go together")
         if self.vocab_size <= 0:
             raise CheckpointError(f"{where}.vocab_size: must be > 0")
         bos = () if self.bos_token_id is None else (self.bos_token_id,)

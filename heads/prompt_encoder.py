@@ -60,18 +60,27 @@ class PromptEncoder:
         """
         names = list(self.tokenizers) if heads is None else list(heads)
         texts = tuple(texts)
-        # The calling thread encodes the first head while the pool takes the rest.
-        futures = [self._pool.submit(self._one, h, texts, chat) for h in names[1:]]
-        out = {names[0]: self._one(names[0], texts, chat)} if names else {}
-        out.update({h: f.result() for h, f in zip(names[1:], futures, strict=True)})
+        # Boundary-preserving heads re-spell the native encoding: one encode serves them all.
+        roots = list({id(r): r for r in (self._root(h) for h in names)}.values())
+        # The calling thread encodes the first tokenizer while the pool takes the rest.
+        futures = [self._pool.submit(r.encode_batch, texts, chat) for r in roots[1:]]
+        encoded = {id(roots[0]): roots[0].encode_batch(texts, chat)} if roots else {}
+        encoded.update({id(r): f.result() for r, f in zip(roots[1:], futures, strict=True)})
+        out = {h: self._prompt(h, encoded[id(self._root(h))]) for h in names}
         return EncodedPrompt(texts, sum(len(t.encode()) for t in texts),
                              script_class("".join(texts)), out)
 
-    def _one(self, head: str, texts: tuple[str, ...], chat: bool) -> HeadPrompt:
+    def _root(self, head: str) -> HeadTokenizer:
+        tok = self.tokenizers[head]
+        return tok.encoder if tok.split is not None and tok.encoder is not None else tok
+
+    def _prompt(self, head: str, encoded: list[list[int]]) -> HeadPrompt:
         tok, bos = self.tokenizers[head], self.bos_ids.get(head)
         prompts = []
         fallback = 0
-        for ids in tok.encode_batch(texts, specials=chat):
+        for ids in encoded:
+            if tok.split is not None:
+                ids = tok.split.expand(ids)
             fallback += tok.fallback_bytes(ids)
             if bos is not None and (not ids or ids[0] != bos):
                 ids = [bos, *ids]  # Gemma and friends produce garbage without BOS

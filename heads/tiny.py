@@ -2,8 +2,8 @@
 
 Everything is derived deterministically from text the repo carries (heads/data): an 8k
 byte-level BPE is trained on the corpus (~240 KB yields about 9k merges, hence 8k), put
-into Matryoshka order by corpus frequency, and trimmed to 4k and 1k. All heads share one
-tied matrix; head V reads its first V rows.
+into Matryoshka order by corpus frequency, and trimmed to 4k and 1k (boundary-preserving
+heads, as the demo's). All heads share one tied matrix; head V reads its first V rows.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from tokenizers import Tokenizer
 from heads.checkpoint import save_checkpoint
 from heads.manifest import BackboneConfig, HeadSpec, Manifest
 from heads.model import MultiHeadModel
+from heads.split_table import build_split_table
+from heads.tokenizer import vocab_fingerprint
 from heads.tokenizer_training import (
     CORPUS_PATH,
     HELDOUT_PATH,
@@ -57,16 +59,27 @@ def build_tiny(out: Path) -> Manifest:
     bos = _special_id(ordered, "<|bos|>")
     eos = tuple(_special_id(ordered, t) for t in ("<|eos|>", "<|im_end|>"))
 
-    heads, files = [], {}
+    heads: list[HeadSpec] = []
+    files: dict[str, str | bytes] = {}
+    native_v = max(TINY_HEADS.values())
+    native_rel = f"tokenizers/{max(TINY_HEADS, key=TINY_HEADS.__getitem__)}.json"
+    native_ids = [e.ids for e in ordered.encode_batch(heldout, add_special_tokens=False)]
     for name, v in TINY_HEADS.items():
+        # As the demo: smaller heads keep the native segmentation (heads/split_table.py).
         tok = trim_tokenizer(ordered, v)
-        n_tokens = sum(len(e.ids) for e in tok.encode_batch(heldout, add_special_tokens=False))
         rel = f"tokenizers/{name}.json"
         files[rel] = tok.to_str()
+        split = None
+        if v < native_v:
+            table = build_split_table(ordered, v, vocab_fingerprint(ordered))
+            split = f"tokenizers/{name}.split.npz"
+            files[split] = table.to_bytes()
+        n_tokens = sum(len(table.expand(ids)) if split else len(ids) for ids in native_ids)
         heads.append(HeadSpec(
             name=name, vocab_size=v, tokenizer=rel, embedding=MATRIX, unembedding=MATRIX,
             bos_token_id=bos, eos_token_ids=eos, training_bytes=training_bytes,
             bytes_per_token=round(heldout_bytes / n_tokens, 4), bpb=None,
+            encoder=native_rel if split else None, split_table=split,
         ))
     manifest = Manifest(model_name="tiny", dtype="float32", backbone=TINY_BACKBONE,
                         heads=tuple(heads), chat_template=CHATML_TEMPLATE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from heads.errors import TokenizerError
+from heads.split_table import SplitTable
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,11 @@ class HeadTokenizer:
     tokenizer: Tokenizer
     vocab_size: int  # V: every id this tokenizer can emit is < V
     source: str = "<memory>"  # file name for error messages
+    # A boundary-preserving head encodes with the native head's tokenizer (`encoder`) and
+    # re-spells the ids outside this head through `split`; `tokenizer` then only decodes
+    # (it has the same strings for ids < V).
+    split: SplitTable | None = None
+    encoder: HeadTokenizer | None = None
     # A copy that treats special-token text as plain text, for untrusted input.
     _plain: Tokenizer = field(init=False, repr=False, compare=False)
     # [V] bool: ids of byte-fallback tokens (`<0xXX>`), each spelling one byte of the text.
@@ -45,8 +52,19 @@ class HeadTokenizer:
             raise TokenizerError(
                 f"{self.source}: token {token!r} has id {top} >= head vocab_size {self.vocab_size}"
             )
-        plain = Tokenizer.from_str(self.tokenizer.to_str())
-        plain.encode_special_tokens = True
+        if (self.split is None) != (self.encoder is None):
+            raise TokenizerError(f"{self.source}: a split table needs its encoder, and back")
+        if self.split is not None and self.encoder is not None:
+            if (self.split.vocab_size, self.split.native_size) != (
+                    self.vocab_size, self.encoder.vocab_size):
+                raise TokenizerError(
+                    f"{self.source}: split table maps V={self.split.native_size} to "
+                    f"V={self.split.vocab_size}, not {self.encoder.vocab_size} to "
+                    f"{self.vocab_size}")
+            plain = self.tokenizer  # never encodes: the encoder does
+        else:
+            plain = Tokenizer.from_str(self.tokenizer.to_str())
+            plain.encode_special_tokens = True
         object.__setattr__(self, "_plain", plain)
         byte_ids = np.zeros(self.vocab_size, dtype=bool)
         byte_ids[[i for t, i in vocab.items() if _BYTE_TOKEN.fullmatch(t)]] = True
@@ -72,17 +90,24 @@ class HeadTokenizer:
         Parsing it as the special token would let a prompt forge chat turns or end the
         conversation (prompt injection). Never adds BOS or other template tokens.
         """
+        if self.split is not None and self.encoder is not None:
+            return self.split.expand(self.encoder.encode(text))
         _check_text(text)
         return self._plain.encode(text, add_special_tokens=False).ids
 
     def encode_with_specials(self, text: str) -> list[int]:
         """Text we rendered ourselves (a chat template), where special-token text is real."""
+        if self.split is not None and self.encoder is not None:
+            return self.split.expand(self.encoder.encode_with_specials(text))
         _check_text(text)
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str], specials: bool = False) -> list[list[int]]:
         """`encode` (or, with `specials`, `encode_with_specials`) of each text. The Rust side
         runs without the GIL and skips the offsets, so other heads can encode meanwhile."""
+        if self.split is not None and self.encoder is not None:
+            split = self.split
+            return [split.expand(ids) for ids in self.encoder.encode_batch(texts, specials)]
         for text in texts:
             _check_text(text)
         tok = self.tokenizer if specials else self._plain
@@ -97,6 +122,12 @@ class HeadTokenizer:
         if ids and not 0 <= min(ids) <= max(ids) < self.vocab_size:
             raise TokenizerError(f"{self.source}: token ids outside [0, {self.vocab_size})")
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def vocab_fingerprint(tok: Tokenizer) -> str:
+    """sha256 of the token strings in id order: names one vocabulary and its id order."""
+    by_id = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    return hashlib.sha256("\0".join(t for t, _ in by_id).encode()).hexdigest()
 
 
 def _check_text(text: str) -> None:

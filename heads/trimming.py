@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -36,14 +36,18 @@ def count_tokens(tokenizer: Tokenizer, texts: Iterable[str]) -> Counter[int]:
 
 def rank_tokens(
     tokenizer: Tokenizer,
-    texts: Iterable[str] | Counter[int],
+    texts: Iterable[str] | Mapping[int, float],
     keep_first: Collection[str] | None = None,
 ) -> list[int]:
-    """Old ids in Matryoshka order: specials, base alphabet, then by corpus frequency.
+    """Old ids in Matryoshka order: specials, base alphabet, whitespace runs, then by corpus
+    frequency.
 
     Frequency ties go to the lower merge rank (base-like tokens, made by no merge, first).
     Each token is preceded by the parents of the first merge that makes it, recursively.
-    `texts` may be the counts of `count_tokens` instead.
+    `texts` may be counts or weighted frequencies per id instead (`count_tokens`).
+    Tokens spelling only whitespace (paragraph breaks, runs of spaces or tabs) come right after the
+    base, whatever their count: a trimmed head that spelled a paragraph break in two tokens
+    would show the model a segmentation it never saw, in every multi-paragraph text.
 
     With `keep_first`, only the specials it names and those seen in the texts lead; the
     other special tokens (reserved `<unusedN>` and the like) go last, after every ordinary
@@ -54,7 +58,8 @@ def rank_tokens(
     tokens = _id_to_token(d)
     vocab = d["model"]["vocab"]
     producer = _producers(d)
-    counts = texts if isinstance(texts, Counter) else count_tokens(tokenizer, texts)
+    counts: Mapping[int, float] = (texts if isinstance(texts, Mapping)
+                                   else count_tokens(tokenizer, texts))
 
     # Specials and the base are roots: placed as they are, never via ancestry.
     specials = [a for a in sorted(d["added_tokens"], key=lambda a: a["id"]) if a["special"]]
@@ -62,17 +67,17 @@ def rank_tokens(
     last: list[int] = []
     if keep_first is not None:
         last = [a["id"] for a in specials if a["content"] not in keep_first
-                and not counts[a["id"]] and a["id"] not in base]
+                and not counts.get(a["id"], 0) and a["id"] not in base]
     demoted = set(last)
     roots = [a["id"] for a in specials if a["id"] not in demoted]
     order = list(dict.fromkeys(roots + base))
     placed = set(order) | demoted
 
-    def key(i: int) -> tuple[int, int, int]:
+    def key(i: int) -> tuple[float, int, int]:
         rank = producer[tokens[i]][0] if tokens[i] in producer else -1
-        return (-counts[i], rank, i)
+        return (-counts.get(i, 0), rank, i)
 
-    for root in sorted((i for i in range(len(tokens)) if i not in placed), key=key):
+    def place(root: int) -> None:
         # Iterative post-order walk: merge chains can be longer than the recursion limit.
         stack = [(root, False)]
         while stack:
@@ -87,10 +92,25 @@ def rank_tokens(
             if tokens[i] in producer:
                 _, a, b = producer[tokens[i]]
                 stack += [(vocab[b], False), (vocab[a], False)]
+
+    spaces = whitespace_ids(d)
+    for root in sorted((i for i in spaces if i not in placed), key=key):
+        place(root)
+    for root in sorted((i for i in range(len(tokens)) if i not in placed), key=key):
+        place(root)
     order += last
-    log.debug("ranked %d tokens, %d seen in the corpus, %d specials last",
-              len(order), len(counts), len(last))
+    log.debug("ranked %d tokens, %d seen in the corpus, %d whitespace, %d specials last",
+              len(order), len(counts), len(spaces), len(last))
     return order
+
+
+def whitespace_ids(d: dict[str, Any]) -> list[int]:
+    """Ids of vocabulary tokens that spell only whitespace: spaces (or the metaspace `▁`,
+    or byte-level BPE's symbols for them), tabs, newlines."""
+    blank = {" ", "\t", "\n", "\r", "\u00a0", "\u3000", *_decoder_replaced(d.get("decoder"))}
+    if _has_type(d.get("pre_tokenizer"), "ByteLevel"):
+        blank |= {_byte_symbols()[b] for b in (9, 10, 13, 32)}
+    return sorted(i for t, i in d["model"]["vocab"].items() if t and set(t) <= blank)
 
 
 def reorder_tokenizer(tokenizer: Tokenizer, order: list[int]) -> tuple[Tokenizer, list[int]]:

@@ -8,11 +8,14 @@ Built-ins live under `<cache_dir>/models/<name>` and are built on first use:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import shutil
 from pathlib import Path
 
 from heads.errors import CheckpointError
-from heads.manifest import MANIFEST_FILE
+from heads.manifest import MANIFEST_FILE, Manifest
 from heads.tiny import build_tiny
 from heads.tokenizer_training import DATA_DIR
 
@@ -21,6 +24,9 @@ log = logging.getLogger(__name__)
 DEMO = "gemma3-270m"
 DEMO_SAMPLE = DATA_DIR / "wiki-sample-a.txt"
 BUILT_IN = (DEMO, "tiny")
+# Bumped whenever the demo's heads are built differently (ranking, trimming), so a cached
+# demo from an older build is rebuilt on next start rather than served stale.
+DEMO_BUILD = 2
 
 
 def _build_demo(target: Path, cache_dir: Path) -> None:
@@ -34,17 +40,16 @@ def _build_demo(target: Path, cache_dir: Path) -> None:
     # Measure bytes/token and BPB per head on a committed sample, so the manifest carries
     # figures the router and the quality checks can use (about 30 s on 2 CPU cores).
     log.info("measuring bytes/token and BPB of each head on %s", DEMO_SAMPLE.name)
-    run_eval(target, [DEMO_SAMPLE], max_bytes=8000, window=512, compute_dtype="float32")
+    run_eval(target, [DEMO_SAMPLE], max_bytes=8000, window=512, compute_dtype="float32",
+             window_bytes=2048)
     _set_training_bytes(target)
+    m = Manifest.load(target)
+    dataclasses.replace(m, extra={**m.extra, "demo_build": DEMO_BUILD}).save(target)
 
 
 def _set_training_bytes(target: Path) -> None:
     """λ's denominator: the backbone's training tokens (model card) × the native head's
     measured bytes/token. Every nested head shares that one training run."""
-    import dataclasses
-
-    from heads.manifest import Manifest
-
     m = Manifest.load(target)
     tokens = m.extra.get("training_tokens")
     native = max(m.heads, key=lambda h: h.vocab_size)
@@ -57,10 +62,23 @@ def _set_training_bytes(target: Path) -> None:
              tokens, native.bytes_per_token, trained)
 
 
+def _stale_demo(target: Path) -> bool:
+    path = target / MANIFEST_FILE
+    if not path.is_file():
+        return False
+    try:
+        return json.loads(path.read_text()).get("extra", {}).get("demo_build") != DEMO_BUILD
+    except (OSError, ValueError):
+        return True
+
+
 def resolve_model_dir(model: str, cache_dir: Path) -> Path:
     """A built-in is built into the cache on first use; anything else must be a checkpoint dir."""
     if model in BUILT_IN:
         target = cache_dir / "models" / (f"{model}-heads" if model == DEMO else model)
+        if model == DEMO and _stale_demo(target):
+            log.info("the cached %s was built by an older polyhead; rebuilding", model)
+            shutil.rmtree(target)
         if not (target / MANIFEST_FILE).is_file():
             log.info("building the %s model into %s (first run)", model, target)
             if model == DEMO:

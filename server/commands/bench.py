@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import argparse
 
-from server.commands import bench_engine, bench_gateway, bench_kernels, bench_replay, bench_router
+from server.commands import (
+    bench_engine,
+    bench_gateway,
+    bench_kernels,
+    bench_replay,
+    bench_router,
+    bench_tokenize,
+)
 
-BENCHES: tuple = (bench_engine, bench_gateway, bench_kernels, bench_router, bench_replay)
+BENCHES: tuple = (bench_engine, bench_gateway, bench_kernels, bench_router, bench_replay,
+                  bench_tokenize)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

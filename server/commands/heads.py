@@ -48,10 +48,40 @@ def _register_build(hsub: argparse._SubParsersAction) -> None:
     build.add_argument("--out", type=Path, required=True, help="output checkpoint directory")
     build.add_argument("--save-ranking", type=Path, metavar="FILE",
                        help="with --corpus: also write the ranking here")
-    build.add_argument("--specials-last", action=argparse.BooleanOptionalAction, default=None,
-                       help="rank unused special tokens after all ordinary ones (default: on "
-                       "above 65536 ids); BOS/EOS/pad/chat-turn specials stay first")
+    _ranking_options(build)
+    build.add_argument("--trim", choices=("split", "merges"), default="split",
+                       help="how a smaller head spells text: 'split' keeps the native "
+                       "segmentation and re-spells removed tokens in kept ones (default); "
+                       "'merges' filters the BPE merges (boundaries can move)")
     build.set_defaults(run=_heads_build)
+    rank = hsub.add_parser("rank", help="rank a checkpoint's native tokens on a corpus and "
+                           "save the order (.npz) for `heads build --ranking`")
+    rank.add_argument("src", type=Path, help="checkpoint whose largest head is ranked")
+    rank.add_argument("--corpus", type=Path, nargs="+", metavar="FILE", required=True,
+                      help="text files, one source each (e.g. the corpus *.train.txt)")
+    rank.add_argument("--out", type=Path, required=True, help="ranking file to write")
+    _ranking_options(rank)
+    rank.set_defaults(run=_heads_rank)
+
+
+def _ranking_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source-weights", default="english-first", metavar="SPEC",
+                   help="how much each corpus file counts: 'english-first' (default: English "
+                   "sources by expected traffic, 10%% spread over other languages), "
+                   "'balanced' (each language equal), 'equal' (each file equal), or "
+                   "NAME=W,... (e.g. wiki=3,gcide=1)")
+    p.add_argument("--specials-last", action=argparse.BooleanOptionalAction, default=None,
+                   help="rank unused special tokens after all ordinary ones (default: on "
+                   "above 65536 ids); BOS/EOS/pad/chat-turn specials stay first")
+
+
+def _weights(args: argparse.Namespace):  # -> SourceWeights
+    from heads.ranking import SourceWeights
+
+    try:
+        return SourceWeights.parse(args.source_weights)
+    except ValueError as e:
+        raise SystemExit(f"polyhead: --source-weights: {e}") from None
 
 
 def _languages(text: str) -> list[str]:
@@ -75,6 +105,9 @@ def _register_eval(hsub: argparse._SubParsersAction) -> None:
                     "--window tokens instead)")
     ev.add_argument("--window", type=int, default=512,
                     help="with --window-bytes 0: tokens per window incl. BOS")
+    ev.add_argument("--heads", type=_languages, metavar="NAMES",
+                    help="only these heads, comma-separated (ratios are then to the largest "
+                    "one scored, not necessarily the native head)")
     ev.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     ev.add_argument("--compute-dtype", choices=("float32", "bfloat16", "float16"),
                     help="run the weights in this dtype (default: the checkpoint's); float32 "
@@ -92,9 +125,21 @@ def _heads_build(args: argparse.Namespace) -> None:
 
     configure_logging("text", "INFO")
     m = build_heads(args.src, args.out, args.sizes, corpus=args.corpus, ranking=args.ranking,
-                    specials_last=args.specials_last, save_ranking_to=args.save_ranking)
+                    specials_last=args.specials_last, save_ranking_to=args.save_ranking,
+                    weights=_weights(args), trim=args.trim)
     print(f"wrote {args.out}: heads " + ", ".join(f"{h.name} (V={h.vocab_size})"
                                                  for h in m.heads))
+
+
+def _heads_rank(args: argparse.Namespace) -> None:
+    from heads.build import rank_checkpoint
+    from heads.ranking import save_ranking
+    from server.logging_setup import configure_logging
+
+    configure_logging("text", "INFO")
+    rk = rank_checkpoint(args.src, args.corpus, _weights(args), args.specials_last)
+    save_ranking(args.out, rk)
+    print(f"wrote {args.out}: {len(rk.order)} ids ranked on {rk.source}")
 
 
 def _heads_eval(args: argparse.Namespace) -> None:
@@ -114,7 +159,7 @@ def _heads_eval(args: argparse.Namespace) -> None:
         files = args.corpus
     results, png = run_eval(args.dir, files, args.max_bytes, args.window, args.out,
                             args.compute_dtype, window_bytes=args.window_bytes or None,
-                            update_manifest=args.update)
+                            update_manifest=args.update, only=args.heads)
     print(f"{'head':<8}{'V':>8}  {'source':<12}{'bytes/tok':>10}{'BPB':>8}"
           f"{'prefill tok/s':>15}{'≠native':>9}{'bytefb':>8}")
     for r in [*results, *aggregate(results)]:

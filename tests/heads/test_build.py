@@ -12,12 +12,13 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from heads.build import build_heads, load_ranking
+from heads.build import build_heads
 from heads.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from heads.errors import TokenizerError
 from heads.evaluate import forward_logits, run_eval, sequence_bits
 from heads.manifest import HeadSpec, Manifest
 from heads.model import MultiHeadModel
+from heads.ranking import load_ranking
 from heads.tiny import TINY_BACKBONE
 from heads.tokenizer_training import (
     CORPUS_PATH,
@@ -74,7 +75,29 @@ def test_heads_share_one_matrix_in_size_order(built: Checkpoint) -> None:
     assert [(h.name, h.vocab_size) for h in m.heads] == [("512", 512), ("1k", 1024), ("2k", V)]
     assert {h.embedding for h in m.heads} == {"matrices.shared"}
     assert len({h.bos_token_id for h in m.heads}) == 1 and m.heads[0].bos_token_id < 512
-    assert m.extra["ranking"]["source"] == CORPUS_PATH.name
+    assert m.extra["ranking"]["source"] == f"{CORPUS_PATH.name}=1.000"
+    assert m.extra["trim"] == "split"
+    # Smaller heads encode with the native tokenizer and re-spell what they lack.
+    assert [(h.encoder, h.split_table) for h in m.heads] == [
+        ("tokenizers/2k.json", "tokenizers/512.split.npz"),
+        ("tokenizers/2k.json", "tokenizers/1k.split.npz"), (None, None)]
+    assert built.tokenizers["512"].encoder is built.tokenizers["2k"]
+
+
+def test_split_heads_keep_native_tokens_merge_filtered_heads_may_not(
+        src: Path, built: Checkpoint, tmp_path: Path) -> None:
+    merges = load_checkpoint(build_heads(src, tmp_path / "m", SIZES, corpus=[CORPUS_PATH],
+                                         trim="merges") and tmp_path / "m")
+    assert all(h.split_table is None for h in merges.manifest.heads)
+    text = " ".join(SAMPLES) + " " + HELDOUT_PATH.read_text()[:3000]
+    native = built.tokenizers["2k"].encode(text)
+    for name, v in (("512", 512), ("1k", 1024)):
+        kept_native = [t for t in native if t < v]
+        split_ids = built.tokenizers[name].encode(text)
+        # Every native token the head has is still there, in order; re-spelled pieces between.
+        src_of = built.tokenizers[name].split.sources(native)
+        assert [split_ids[k] for k, j in enumerate(src_of) if native[j] < v] == kept_native
+        assert len(split_ids) <= len(merges.tokenizers[name].encode(text)) * 1.02
 
 
 @settings(max_examples=200, deadline=None)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from heads.checkpoint import load_checkpoint
-from heads.evaluate import KINDS, _plain, byte_windows, evaluate, kind_of, sequence_bits
+from heads.evaluate import KINDS, byte_windows, evaluate, kind_of, sequence_bits
 from heads.manifest import MANIFEST_FILE, Manifest
 from heads.multilingual import sample, sample_path
 from server.cli import main
@@ -57,10 +57,11 @@ def test_byte_window_eval_scores_each_window_on_its_own(tiny_model_dir: Path) ->
     (r,) = [r for r in results if r.source == "ja" and r.head == head]
     from heads.evaluate import _head_of
 
-    tok = _plain(ckpt.tokenizers[head].tokenizer)
+    tok = ckpt.tokenizers[head]  # what the gateway encodes with (here a split head)
+    assert tok.split is not None
     want = 0.0
     for piece in byte_windows(_head_of(files[1], 3000), 512):
-        ids = tok.encode(piece, add_special_tokens=False).ids
+        ids = tok.encode(piece)
         want += sequence_bits(ckpt, head, ids, window=len(ids) + 1)[0]
     assert r.bits == pytest.approx(want, rel=1e-5)
     # Token windows reset the context elsewhere on each head, so they measure differently.
@@ -122,3 +123,14 @@ def test_byte_fallback_pieces_never_match_a_native_character_token() -> None:
     kinds = [kind_of("aé"[a:b], (a, b, i in byte_ids) in native_set, i in byte_ids)
              for i, (a, b) in zip(ids, offsets, strict=True)]
     assert kinds == ["native", "byte_fallback", "byte_fallback"]
+
+
+def test_eval_can_score_a_subset_of_heads(tiny_model_dir: Path) -> None:
+    ckpt = load_checkpoint(tiny_model_dir)
+    files = [sample_path("en")]
+    (r,) = evaluate(ckpt, files, max_bytes=600, window=64, window_bytes=256, only=["1k"])
+    (full,) = [x for x in evaluate(ckpt, files, max_bytes=600, window=64, window_bytes=256)
+               if x.head == "1k"]
+    assert r.head == "1k" and r.bits == pytest.approx(full.bits, rel=1e-9)
+    with pytest.raises(KeyError, match="no head 'nope'"):
+        evaluate(ckpt, files, max_bytes=600, window=64, only=["nope"])

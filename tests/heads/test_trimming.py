@@ -30,6 +30,7 @@ from heads.trimming import (
     rank_tokens,
     reorder_tokenizer,
     trim_tokenizer,
+    whitespace_ids,
 )
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)))
@@ -78,7 +79,13 @@ def test_order_starts_with_specials_then_bytes_in_byte_order(full: Tokenizer) ->
     assert full.id_to_token(5 + 0x00) == "Ā"
     assert full.id_to_token(5 + 0x20) == "Ġ"
     assert full.id_to_token(5 + 0x41) == "A"
-    assert full.id_to_token(BASE) == "Ġt"  # the most frequent merged token
+    # Whitespace runs ("ĠĠ", "ĊĊ" ...) lead the merged tokens whatever their count, then
+    # the most frequent merged token.
+    d = json.loads(full.to_str())
+    merged_spaces = [i for i in whitespace_ids(d) if i >= BASE]
+    assert len(merged_spaces) > 3
+    assert merged_spaces == list(range(BASE, BASE + len(merged_spaces)))
+    assert full.id_to_token(BASE + len(merged_spaces)) == "Ġt"
 
 
 def test_order_is_a_permutation_closed_under_merge_ancestry(
