@@ -4,6 +4,7 @@ Layout:
     manifest.json            format version, backbone config, dtype, heads
     model.safetensors        backbone.* tensors and the shared head matrices
     tokenizers/<head>.json   one HF tokenizers file per head
+    adapters/*.safetensors   adapted heads' tensors, one file per head (HeadSpec.adapter)
     tokenizers/<head>.split.npz  boundary-preserving heads only: see heads/split_table.py
 
 Writes go to a temporary sibling directory that is renamed into place, so a crash or a full
@@ -105,6 +106,12 @@ def _validate_weights(directory: Path) -> Manifest:
                     f"heads[{i}].{role}: tensor {name!r} has shape {shape}, "
                     f"need [>= {h.vocab_size}, {d}]"
                 )
+        if h.adapter is not None:
+            sidecar = _tensor_shapes(directory / h.adapter.file)
+            for name, need in h.adapter.shapes(h.vocab_size, d).items():
+                if sidecar.get(name) != need:
+                    raise CheckpointError(f"heads[{i}].adapter: tensor {name!r} has shape "
+                                          f"{sidecar.get(name)}, need {need}")
     return manifest
 
 
@@ -125,8 +132,20 @@ def load_checkpoint(
     with safe_open(str(directory / manifest.weights), framework="pt", device=device) as f:
         for k in f.keys():  # noqa: SIM118
             tensors[k] = f.get_tensor(k)
+    tensors.update(load_adapter_tensors(directory, manifest, device))
     model = MultiHeadModel(manifest, tensors, compute_dtype)
     return Checkpoint(directory, manifest, model, tokenizers)
+
+
+def load_adapter_tensors(directory: Path, manifest: Manifest, device: str = "cpu"
+                         ) -> dict[str, torch.Tensor]:
+    """Every adapted head's tensors (fp32), read from their sidecar files."""
+    out: dict[str, torch.Tensor] = {}
+    for h in manifest.heads:
+        if h.adapter is not None:
+            with safe_open(str(directory / h.adapter.file), framework="pt", device=device) as f:
+                out.update({k: f.get_tensor(k) for k in h.adapter.names()})
+    return out
 
 
 def save_checkpoint(
@@ -192,4 +211,10 @@ def describe_checkpoint(directory: Path) -> str:
         lines.append(
             f"{h.name:<8}{h.vocab_size:>9}  {matrix:<28}{bpt:>10}{bpb:>8}{h.training_bytes:>14,}"
         )
+    for h in m.heads:
+        a = h.adapter
+        if a is not None:
+            lines.append(f"adapter {h.name}: {a.kind} r={a.rank}, {a.steps} steps on "
+                         f"{a.train_positions:,} positions, held-out BPB "
+                         f"{a.heldout_bpb_before} -> {a.heldout_bpb_after} ({a.file})")
     return "\n".join(lines)

@@ -36,3 +36,7 @@ class EngineUnavailable(EngineError):
 
 class EngineLost(EngineError):
     """The engine replica serving a stream stopped answering after tokens were sent."""
+
+
+class AdaptError(HeadsError):
+    """A head cannot be adapted as asked (unknown or native head, bad settings)."""

@@ -97,9 +97,9 @@ def forward_hidden(ckpt: Checkpoint, head: str, ids: list[int]) -> torch.Tensor:
 
 
 def forward_logits(ckpt: Checkpoint, head: str, ids: list[int]) -> torch.Tensor:
-    # -> [T, V_head] fp32
-    w = ckpt.model.unembedding_rows(head).float()
-    return forward_hidden(ckpt, head, ids).float() @ w.T
+    # -> [T, V_head] fp32, the head's adapter applied
+    out = ckpt.model.head_output(head).to(torch.float32)
+    return out.logits(forward_hidden(ckpt, head, ids).float())
 
 
 @torch.inference_mode()
@@ -114,7 +114,9 @@ def token_bits(ckpt: Checkpoint, head: str, ids: list[int], window: int,
     would round by ~0.1 nats at logit magnitudes around 30.
     """
     bos = ckpt.manifest.head(head).bos_token_id
-    w = ckpt.model.unembedding_rows(head).float() if w32 is None else w32
+    out = ckpt.model.head_output(head)
+    # An adapted head's rows (folded low-rank) are its own, not the shared fp32 copy.
+    w = out.weight.float() if w32 is None or out.adapted else w32
     if bos is not None:
         contexts = [[bos, *ids[i:i + window - 1]] for i in range(0, len(ids), window - 1)]
     else:
@@ -127,7 +129,7 @@ def token_bits(ckpt: Checkpoint, head: str, ids: list[int], window: int,
         seconds += time.perf_counter() - t0
         target = torch.tensor(ctx[1:], device=hidden.device)
         for r in range(0, hidden.shape[0], 128):  # [128, V] fp32 logits at a time
-            logits = hidden[r:r + 128] @ w.T
+            logits = out.logits(hidden[r:r + 128], w)
             nats.append(F.cross_entropy(logits, target[r:r + 128], reduction="none")
                         .double().cpu())
     return torch.cat(nats) / math.log(2), seconds

@@ -11,6 +11,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from heads.adapter_spec import AdapterSpec
 from heads.errors import CheckpointError
 
 FORMAT_VERSION = 1
@@ -97,6 +98,8 @@ class HeadSpec:
     # `tokenizer` then only decodes. Both None for a head that encodes with `tokenizer`.
     encoder: str | None = None
     split_table: str | None = None
+    # A learned output correction on top of the shared rows (heads/adapter_spec.py).
+    adapter: AdapterSpec | None = None
 
     def validate(self, where: str) -> None:
         if not self.name or ":" in self.name:
@@ -116,6 +119,8 @@ class HeadSpec:
             raise CheckpointError(f"{where}.eos_token_ids: at least one EOS id is required")
         if self.training_bytes < 0:
             raise CheckpointError(f"{where}.training_bytes: must be >= 0")
+        if self.adapter is not None:
+            self.adapter.validate(f"{where}.adapter")
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +235,7 @@ def _build(cls: type, raw: Any, where: str) -> Any:
         raise CheckpointError(f"{where}: {e}") from e
 
 
+_RECORDS: dict[str, type] = {"AdapterSpec": AdapterSpec}
 _SCALARS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,)}
 
 
@@ -246,6 +252,8 @@ def _check_type(value: Any, annotation: str, where: str) -> Any:
         if not isinstance(value, list) or not all(_is(v, item) for v in value):
             raise CheckpointError(f"{where}: expected a list of {label}")
         return tuple(value)
+    if base in _RECORDS:  # a nested record: built and checked field by field
+        return _build(_RECORDS[base], value, where)
     if base == "bool":
         if not isinstance(value, bool):
             raise CheckpointError(f"{where}: expected true or false, got {type(value).__name__}")

@@ -5,7 +5,9 @@ Tensor names (the checkpoint's safetensors keys):
 - `backbone.<key>`: the backbone, keys as documented in `heads/llama.py` / `heads/gemma3.py`;
 - the matrix names that `HeadSpec.embedding` / `HeadSpec.unembedding` refer to, for example
   `matrices.shared` [V_max, d]. A name used by several heads or roles is stored once (tied),
-  and head h reads rows [0, V_h) of it (Matryoshka order).
+  and head h reads rows [0, V_h) of it (Matryoshka order);
+- `HeadSpec.adapter.prefix` + bias/a/b/down/up: a trimmed head's adapter (heads/adapter.py),
+  read from its sidecar file; not part of `state_dict_for_save`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 import torch
 from torch import nn
 
+from heads.adapter import HeadOutput, build_output
 from heads.attention import KVCache, StepMetadata
 from heads.errors import CheckpointError
 from heads.gemma3 import Gemma3Backbone
@@ -64,8 +67,33 @@ class MultiHeadModel(nn.Module):
             self.register_buffer(attr, tensors[name].to(self.dtype))
             self._matrix_attr[name] = attr
         self._check_matrices()
+        self._adapter_attr: dict[str, dict[str, str]] = {}  # head -> role -> buffer name
+        self._load_adapters(tensors)
         self.backbone.to(self.dtype)
         self.eval()
+
+    def _load_adapters(self, tensors: dict[str, torch.Tensor]) -> None:
+        native = max(self.manifest.heads, key=lambda h: h.vocab_size)
+        for i, h in enumerate(self.manifest.heads):
+            if h.adapter is None:
+                continue
+            if h is native:
+                raise CheckpointError(f"heads[{i}].adapter: the native (largest) head is "
+                                      "the reference and cannot be adapted")
+            out = build_output(h.adapter, self.unembedding_rows(h.name), tensors, self.dtype,
+                               f"heads[{i}]")
+            # Buffers, so .to(device) moves them. The stored (unfolded) tensors stay in their
+            # sidecar file: state_dict_for_save never writes them.
+            roles = {"bias": out.bias}
+            if h.adapter.kind == "lowrank":
+                roles["weight"] = out.weight
+            else:
+                roles.update({"down": out.down, "up": out.up})
+            attrs: dict[str, str] = {}
+            for role, t in roles.items():
+                attrs[role] = f"adapter_{len(self._adapter_attr)}_{len(attrs)}"
+                self.register_buffer(attrs[role], t)
+            self._adapter_attr[h.name] = attrs
 
     def _matrix_names(self) -> list[str]:
         names: dict[str, None] = {}  # ordered set: tied names collapse to one entry
@@ -132,6 +160,25 @@ class MultiHeadModel(nn.Module):
         # -> [V_h, d], a view of the (possibly shared) matrix
         h = self._head(head_name)
         return self._matrix(h.unembedding)[: h.vocab_size]
+
+    def head_output(self, head_name: str) -> HeadOutput:
+        """What the head's logits come from: every logits path goes through this, so an
+        adapted head is adapted everywhere. Unadapted: the shared rows, no bias."""
+        rows = self.unembedding_rows(head_name)
+        attrs = self._adapter_attr.get(head_name)
+        if attrs is None:
+            return HeadOutput(rows)
+
+        def buf(role: str) -> torch.Tensor | None:
+            return getattr(self, attrs[role]) if role in attrs else None
+
+        weight = buf("weight")
+        return HeadOutput(rows if weight is None else weight, buf("bias"), buf("down"),
+                          buf("up"))
+
+    def head_logits(self, head_name: str, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [N, d] final-normed -> [N, V_h] in hidden's dtype
+        return self.head_output(head_name).logits(hidden)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, meta: StepMetadata, kv: KVCache

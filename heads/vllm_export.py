@@ -6,7 +6,10 @@ The directory holds
   `vocab_size = ΣV_h` and the head layout (sizes, offsets, matrices) under `polyhead`;
 - `model.safetensors`: the backbone as `model.<HF name>`, the first head matrix as
   `model.embed_tokens.weight` (so vLLM's own decoder owns it) and any further matrices as
-  `head_matrices.<i>`; nested heads still share one matrix, nothing is duplicated;
+  `head_matrices.<i>`; nested heads still share one matrix, nothing is duplicated, except
+  that a low-rank adapted head gets its own folded rows W + A B (fp32) as a further matrix;
+  adapted heads also carry `head_biases.<h>` and, for a hidden adapter, `head_down.<h>` and
+  `head_up.<h>` (h: the head's index);
 - `generation_config.json`: every head's EOS IDs, offset, so vLLM stops on each of them.
 
 The tokenizers stay with the gateway: the engine receives and returns token IDs only.
@@ -23,13 +26,23 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import load_file, save_file
 
-from heads.checkpoint import validate_checkpoint
+from heads.adapter import fold_lowrank
+from heads.adapter_spec import BIAS, HIDDEN_DOWN, HIDDEN_UP, LOWRANK_A, LOWRANK_B, folded_rows_name
+from heads.checkpoint import load_adapter_tensors, validate_checkpoint
 from heads.errors import CheckpointError
 from heads.manifest import BackboneConfig, Manifest
 from heads.model import BACKBONE_PREFIX
-from heads.vllm_layout import ARCHITECTURE, CONFIG_KEY, VocabLayout
+from heads.vllm_layout import (
+    ARCHITECTURE,
+    BIAS_PREFIX,
+    CONFIG_KEY,
+    DOWN_PREFIX,
+    UP_PREFIX,
+    VocabLayout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +94,17 @@ def export_vllm(checkpoint: Path, out: Path) -> VocabLayout:
     manifest = validate_checkpoint(checkpoint)
     layout = VocabLayout.from_manifest(manifest)
     tensors = load_file(str(checkpoint / manifest.weights))
+    tensors.update(load_adapter_tensors(checkpoint, manifest))
     weights = {
         "model." + k.removeprefix(BACKBONE_PREFIX): v
         for k, v in tensors.items() if k.startswith(BACKBONE_PREFIX)
     }
+    folded = _fold_adapters(manifest, tensors)
     for i, (name, rows) in enumerate(layout.matrices):
         # Only the rows some head reads; contiguous so safetensors can write it.
-        matrix = tensors[name][:rows].contiguous()
+        matrix = folded[name] if name in folded else tensors[name][:rows].contiguous()
         weights["model.embed_tokens.weight" if i == 0 else f"{EXTRA_MATRIX_PREFIX}{i}"] = matrix
+    weights.update(_adapter_weights(manifest, tensors))
     out.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(export_config(manifest, layout), indent=2))
@@ -96,6 +112,37 @@ def export_vllm(checkpoint: Path, out: Path) -> VocabLayout:
     log.info("exported %s for vLLM: %d heads, vocab %d, to %s", manifest.model_name,
              len(layout.heads), layout.total_vocab, out)
     return layout
+
+
+def _fold_adapters(manifest: Manifest, tensors: dict[str, torch.Tensor]
+                   ) -> dict[str, torch.Tensor]:
+    """Folded-rows matrix name -> W + A B [V, d] of each low-rank adapted head, in fp32:
+    vLLM rounds it once to its dtype, as the local engine's own fold does."""
+    out = {}
+    for h in manifest.heads:
+        a = h.adapter
+        if a is not None and a.kind == "lowrank":
+            rows = tensors[h.unembedding][: h.vocab_size]
+            out[folded_rows_name(a)] = fold_lowrank(
+                rows, tensors[a.prefix + LOWRANK_A], tensors[a.prefix + LOWRANK_B],
+                torch.float32)
+    return out
+
+
+def _adapter_weights(manifest: Manifest, tensors: dict[str, torch.Tensor]
+                     ) -> dict[str, torch.Tensor]:
+    """Per adapted head (index i in manifest order): `head_biases.<i>` [V_h] and, for a
+    hidden adapter, `head_down.<i>` [r, d] and `head_up.<i>` [d, r]."""
+    out = {}
+    for i, h in enumerate(manifest.heads):
+        a = h.adapter
+        if a is None:
+            continue
+        out[f"{BIAS_PREFIX}{i}"] = tensors[a.prefix + BIAS].contiguous()
+        if a.kind == "hidden":
+            out[f"{DOWN_PREFIX}{i}"] = tensors[a.prefix + HIDDEN_DOWN].contiguous()
+            out[f"{UP_PREFIX}{i}"] = tensors[a.prefix + HIDDEN_UP].contiguous()
+    return out
 
 
 def _write_generation_config(out: Path, eos: list[int]) -> None:
@@ -114,6 +161,9 @@ def export_vllm_per_head(checkpoint: Path, out: Path) -> dict[str, Path]:
     arch = {"llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM"}
     dirs = {}
     for h in manifest.heads:
+        if h.adapter is not None:
+            raise CheckpointError(f"head {h.name!r} is adapted; a stock model has no place for "
+                                  "its adapter (use the multi-head export)")
         tied = h.embedding == h.unembedding
         weights = dict(backbone)
         weights["model.embed_tokens.weight"] = tensors[h.embedding][: h.vocab_size].contiguous()

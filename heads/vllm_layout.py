@@ -15,11 +15,15 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
+from heads.adapter_spec import KINDS as ADAPTER_KINDS
+from heads.adapter_spec import folded_rows_name
 from heads.errors import CheckpointError
-from heads.manifest import Manifest
+from heads.manifest import HeadSpec, Manifest
 
 CONFIG_KEY = "polyhead"  # the config.json entry the plugin reads
 ARCHITECTURE = "PolyheadForCausalLM"
+# Adapter tensors of head i (its index in the layout) in the exported weights.
+BIAS_PREFIX, DOWN_PREFIX, UP_PREFIX = "head_biases.", "head_down.", "head_up."
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +34,10 @@ class HeadRange:
     embedding: int  # index into VocabLayout.matrices
     unembedding: int
     eos_token_ids: tuple[int, ...]  # local IDs
+    # The head's adapter: "" none; "lowrank" (folded into its own unembedding matrix) and
+    # "hidden" (rank `adapter_rank`) both add a bias [V_h].
+    adapter: str = ""
+    adapter_rank: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +73,15 @@ class VocabLayout:
     def from_manifest(cls, manifest: Manifest) -> VocabLayout:
         matrices: dict[str, int] = {}  # name -> rows: the largest V of any head reading it
         for h in manifest.heads:
-            for name in (h.embedding, h.unembedding):
+            for name in (h.embedding, unembedding_name(h)):
                 matrices[name] = max(matrices.get(name, 0), h.vocab_size)
         index = {name: i for i, name in enumerate(matrices)}
         heads, offset = [], 0
         for h in manifest.heads:
+            a = h.adapter
             heads.append(HeadRange(h.name, offset, h.vocab_size, index[h.embedding],
-                                   index[h.unembedding], tuple(h.eos_token_ids)))
+                                   index[unembedding_name(h)], tuple(h.eos_token_ids),
+                                   "" if a is None else a.kind, 0 if a is None else a.rank))
             offset += h.vocab_size
         return cls(tuple(heads), tuple(matrices.items()))
 
@@ -80,7 +90,8 @@ class VocabLayout:
             "heads": [
                 {"name": h.name, "offset": h.offset, "vocab_size": h.vocab_size,
                  "embedding": h.embedding, "unembedding": h.unembedding,
-                 "eos_token_ids": list(h.eos_token_ids)}
+                 "eos_token_ids": list(h.eos_token_ids), "adapter": h.adapter,
+                 "adapter_rank": h.adapter_rank}
                 for h in self.heads
             ],
             "matrices": [{"name": n, "rows": r} for n, r in self.matrices],
@@ -91,7 +102,8 @@ class VocabLayout:
         try:
             heads = tuple(
                 HeadRange(h["name"], int(h["offset"]), int(h["vocab_size"]), int(h["embedding"]),
-                          int(h["unembedding"]), tuple(int(t) for t in h["eos_token_ids"]))
+                          int(h["unembedding"]), tuple(int(t) for t in h["eos_token_ids"]),
+                          str(h.get("adapter", "")), int(h.get("adapter_rank", 0)))
                 for h in data["heads"]
             )
             matrices = tuple((m["name"], int(m["rows"])) for m in data["matrices"])
@@ -112,4 +124,15 @@ class VocabLayout:
                 m = getattr(h, role)
                 if not 0 <= m < len(self.matrices) or self.matrices[m][1] < h.vocab_size:
                     raise CheckpointError(f"{CONFIG_KEY}.heads[{i}].{role}: bad matrix {m}")
+            if h.adapter not in ("", *ADAPTER_KINDS) or (h.adapter == "hidden"
+                                                          and h.adapter_rank <= 0):
+                raise CheckpointError(f"{CONFIG_KEY}.heads[{i}].adapter: bad adapter "
+                                      f"{h.adapter!r} of rank {h.adapter_rank}")
             expect += h.vocab_size
+
+
+def unembedding_name(h: HeadSpec) -> str:
+    """The matrix a head's logits read: a low-rank adapted head reads its folded rows."""
+    if h.adapter is not None and h.adapter.kind == "lowrank":
+        return folded_rows_name(h.adapter)
+    return h.unembedding

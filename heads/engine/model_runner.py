@@ -159,12 +159,14 @@ class ModelRunner:
                 [s.num_tokens for s in group],  # index of the token being sampled
                 want_logprobs=want,
             )
-            weight = self.model.unembedding_rows(head)  # [V, d]
+            head_out = self.model.head_output(head)  # rows [V, d], adapter if any
+            weight = head_out.weight
             plan = self.selector.choose(
                 len(rows), weight.shape[0], weight.shape[1], dtype_name(weight.dtype),
                 batch_mode(batch, weight.shape[0]), self.device_spec,
             )
-            out = run_plan(plan, hidden[self._tensor(rows)], weight, batch)
+            out = run_plan(plan, head_out.hidden(hidden[self._tensor(rows)]), weight, batch,
+                           head_out.bias)
             with self._counts_lock:
                 self._kernel_counts[(head, plan.kernel)] += 1
             toks = out.token_ids.tolist()
@@ -187,7 +189,7 @@ class ModelRunner:
             return None
         out: list[PromptScore | None] = [None] * len(seqs)
         started = time.perf_counter()  # score_prompts ends in a host sync: the time is real
-        done = score_prompts(hidden, [j for _, j in jobs], self.model.unembedding_rows)
+        done = score_prompts(hidden, [j for _, j in jobs], self.model.head_output)
         self.score_seconds += time.perf_counter() - started
         for (i, _), score in zip(jobs, done, strict=True):
             seqs[i].prompt_score = out[i] = score

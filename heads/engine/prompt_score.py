@@ -1,7 +1,8 @@
 """Prompt log-likelihood from the prefill's hidden states, under the head that serves it.
 
 Each prompt token after the first is predicted by the hidden state before it; its NLL is
-`logsumexp(h·Wᵀ) − (h·Wᵀ)[target]`. Scoring a position costs one [d]×[d,V] product and a
+`logsumexp(z) − z[target]` with z the head's logits
+(h·Wᵀ, plus its adapter's correction). Scoring a position costs one [d]×[d,V] product and a
 log-softmax over V, so every position of a 500-token prompt on a 262k head costs more than
 the backbone's prefill on a small model. `max_positions` bounds the cost: k of the m
 predicted positions, drawn uniformly without replacement, give `m/k · Σ NLL` (an unbiased
@@ -18,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from heads.adapter import HeadOutput
 
 log = logging.getLogger(__name__)
 
@@ -56,18 +59,18 @@ def pick_positions(predicted: int, max_positions: int, rng: random.Random) -> li
     return sorted(rng.sample(range(predicted), max_positions))
 
 
-def token_nll(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    # hidden: [k, d], weight: [V, d], targets: [k] int64 -> [k] float32 NLL, nats
+def token_nll(hidden: torch.Tensor, head: HeadOutput, targets: torch.Tensor) -> torch.Tensor:
+    # hidden: [k, d], head: rows [V, d] (+ adapter), targets: [k] int64 -> [k] float32 NLL
     out = []
     for i in range(0, hidden.shape[0], CHUNK):
-        logits = (hidden[i:i + CHUNK] @ weight.T).float()  # [c, V]
+        logits = head.logits(hidden[i:i + CHUNK]).float()  # [c, V]
         picked = logits.gather(1, targets[i:i + CHUNK, None]).squeeze(1)  # [c]
         out.append(torch.logsumexp(logits, dim=-1) - picked)
     return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
 
 
 def score_prompts(
-    hidden: torch.Tensor, jobs: Sequence[ScoreJob], weight_of: Callable[[str], torch.Tensor]
+    hidden: torch.Tensor, jobs: Sequence[ScoreJob], output_of: Callable[[str], HeadOutput]
 ) -> list[PromptScore]:
     """One PromptScore per job; one chunked product per head over all its jobs' rows."""
     # hidden: [T, d], final-normed, as the prefill produced it
@@ -92,7 +95,7 @@ def score_prompts(
         if not rows:
             continue
         device = hidden.device
-        nll = token_nll(hidden[torch.tensor(rows, device=device)], weight_of(head),
+        nll = token_nll(hidden[torch.tensor(rows, device=device)], output_of(head),
                         torch.tensor(targets, dtype=torch.int64, device=device))
         sums = torch.zeros(len(jobs), dtype=torch.float64, device=device)
         sums.index_add_(0, torch.tensor(owner, device=device), nll.double())

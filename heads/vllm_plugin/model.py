@@ -10,7 +10,8 @@ head h is row g - off_h of h's matrix. Three places differ from a stock vLLM mod
   `compute_logits`, and the channel travels with them: a request's next token belongs to the
   head of its current token;
 - `compute_logits` multiplies each head group only by that head's V_h rows and leaves -inf
-  in every other head's range, so sampling can never leave the request's head.
+  in every other head's range, so sampling can never leave the request's head; an adapted
+  head adds its bias (and first maps h through its hidden adapter).
 
 Only tensor parallel size 1 and one pipeline stage are supported: the head matrices are plain
 tensors, not vocab-parallel shards.
@@ -69,8 +70,21 @@ class PolyheadForCausalLM(nn.Module):
                                  requires_grad=False)
             for i, (_, rows) in enumerate(self.layout.matrices) if i > 0
         })
-        for p in self.head_matrices.values():
-            p.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+        # Adapted heads (heads/adapter.py): a bias [V_h] each, and a hidden adapter's
+        # D [r, d] and U [d, r]; a low-rank adapter arrives folded into its own matrix.
+        def param(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+        d = config.hidden_size
+        adapted = [(str(i), h) for i, h in enumerate(self.layout.heads) if h.adapter]
+        self.head_biases = nn.ParameterDict({i: param(h.vocab_size) for i, h in adapted})
+        self.head_down = nn.ParameterDict({i: param(h.adapter_rank, d) for i, h in adapted
+                                           if h.adapter == "hidden"})
+        self.head_up = nn.ParameterDict({i: param(d, h.adapter_rank) for i, h in adapted
+                                         if h.adapter == "hidden"})
+        for group in (self.head_matrices, self.head_biases, self.head_down, self.head_up):
+            for p in group.values():
+                p.weight_loader = default_weight_loader  # type: ignore[attr-defined]
         self.register_buffer("bounds", torch.tensor(self.layout.bounds, dtype=torch.int64),
                              persistent=False)
         self.register_buffer("offsets", torch.tensor([h.offset for h in self.layout.heads],
@@ -122,11 +136,19 @@ class PolyheadForCausalLM(nn.Module):
             weight = self._matrix(spec.unembedding)[: spec.vocab_size]  # [V_h, d], a view
             cols = slice(spec.offset, spec.offset + spec.vocab_size)
             if lo == hi:  # one head in the batch: no row split
-                out[:, cols] = self._cap(F.linear(h, weight))
+                out[:, cols] = self._cap(self._head_logits(i, h, weight))
             else:
                 rows = (head == i).nonzero(as_tuple=True)[0]
-                out[rows, cols] = self._cap(F.linear(h[rows], weight))
+                out[rows, cols] = self._cap(self._head_logits(i, h[rows], weight))
         return out
+
+    def _head_logits(self, i: int, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # h: [n, d] -> [n, V_h]; the same steps, in the same order, as heads/adapter.py
+        key = str(i)
+        if key in self.head_down:
+            h = h + (h @ self.head_down[key].T) @ self.head_up[key].T
+        logits = F.linear(h, weight)
+        return logits + self.head_biases[key] if key in self.head_biases else logits
 
     def _cap(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.softcap:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from server.commands import heads_adapt
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     heads = sub.add_parser("heads", help="inspect checkpoints and their heads")
@@ -14,6 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     inspect.set_defaults(run=_heads_inspect)
     _register_build(hsub)
     _register_eval(hsub)
+    heads_adapt.register(hsub)
     fit = hsub.add_parser(
         "fit-penalty", help="fit the router's per-request BPB penalty model to an evaluation")
     fit.add_argument("eval", type=Path, metavar="EVAL_BY_SOURCE_JSON",

@@ -32,10 +32,10 @@ def continuation_bits(ckpt: Checkpoint, head: str, prompt: str, continuation: st
     if not ctx:  # nothing predicts the first token; score the rest
         ctx, target = target[:1], target[1:]
     hidden = forward_hidden(ckpt, head, ctx + target)[len(ctx) - 1:-1].float()  # [T, d]
-    w = ckpt.model.unembedding_rows(head).float()  # [V, d]: bf16 logits would round ~0.1 nat
+    out = ckpt.model.head_output(head).to(torch.float32)  # bf16 logits would round ~0.1 nat
     ids = torch.tensor(target, device=hidden.device)
     nats = 0.0
     for r in range(0, hidden.shape[0], LOGIT_ROWS):
-        logits = hidden[r:r + LOGIT_ROWS] @ w.T
+        logits = out.logits(hidden[r:r + LOGIT_ROWS])
         nats += float(F.cross_entropy(logits, ids[r:r + LOGIT_ROWS], reduction="sum"))
     return nats / math.log(2)

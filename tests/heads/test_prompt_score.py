@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from heads.adapter import HeadOutput
 from heads.engine.config import EngineConfig
 from heads.engine.llm_engine import GenerationRequest, LocalEngine, TokenEvent
 from heads.engine.prompt_score import PromptScore, pick_positions, token_nll
@@ -87,7 +88,7 @@ def test_sampling_positions_is_unbiased():
     gen = torch.Generator().manual_seed(0)
     hidden, weight = torch.randn(50, 16, generator=gen), torch.randn(300, 16, generator=gen)
     targets = torch.randint(0, 300, (50,), generator=gen)
-    nll = token_nll(hidden, weight, targets)  # [50]
+    nll = token_nll(hidden, HeadOutput(weight), targets)  # [50]
     exact = float(nll.sum())
     estimates = [float(nll[pick_positions(50, 10, random.Random(s))].sum()) * 5
                  for s in range(4000)]
@@ -101,7 +102,8 @@ def test_chunked_nll_matches_one_log_softmax():
     hidden, weight = torch.randn(150, 8, generator=gen), torch.randn(40, 8, generator=gen)
     targets = torch.randint(0, 40, (150,), generator=gen)
     ref = -torch.log_softmax(hidden @ weight.T, -1).gather(1, targets[:, None]).squeeze(1)
-    torch.testing.assert_close(token_nll(hidden, weight, targets), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(token_nll(hidden, HeadOutput(weight), targets), ref,
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_bpb_divides_bits_by_bytes():

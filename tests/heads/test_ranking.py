@@ -10,8 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from heads.ranking import ENGLISH_TRAFFIC, OTHER_LANGUAGES_SHARE, SourceWeights, file_pieces, \
-    rank_on_corpus
+from heads.ranking import (
+    ENGLISH_TRAFFIC,
+    OTHER_LANGUAGES_SHARE,
+    SourceWeights,
+    file_pieces,
+    rank_on_corpus,
+)
 from heads.trimming import whitespace_ids
 from tests.heads.test_trimming import _byte_fallback_tokenizer
 

@@ -11,8 +11,12 @@ from tokenizers import Tokenizer
 from heads.errors import TokenizerError
 from heads.split_table import SplitTable, build_split_table
 from heads.tokenizer import HeadTokenizer, vocab_fingerprint
-from heads.tokenizer_training import CORPUS_PATH, TINY_SPECIAL_TOKENS, read_corpus, \
-    train_bytelevel_bpe
+from heads.tokenizer_training import (
+    CORPUS_PATH,
+    TINY_SPECIAL_TOKENS,
+    read_corpus,
+    train_bytelevel_bpe,
+)
 from heads.trimming import rank_tokens, reorder_tokenizer, trim_tokenizer
 from tests.heads.test_trimming import FALLBACK_BASE, _byte_fallback_tokenizer
 
