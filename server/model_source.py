@@ -26,7 +26,7 @@ DEMO_SAMPLE = DATA_DIR / "wiki-sample-a.txt"
 BUILT_IN = (DEMO, "tiny")
 # Bumped whenever the demo's heads are built differently (ranking, trimming), so a cached
 # demo from an older build is rebuilt on next start rather than served stale.
-DEMO_BUILD = 2
+DEMO_BUILD = 3
 
 
 def _build_demo(target: Path, cache_dir: Path) -> None:
