@@ -15,7 +15,7 @@ Dh]`. A token's slot is `block * block_size + offset`; new K/V go in through `sl
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,11 @@ class AttentionMetadata:
     block_tables: torch.Tensor | None = None
     cached_lens: tuple[int, ...] = ()  # prefill: leading tokens already in the cache, per seq
     context_lens: torch.Tensor | None = None  # decode: [B] int64, tokens in cache incl. the new
+    # decode: (shortest, longest) context, when the caller knows them on the host; spares
+    # every layer a device sync, and lets a batch whose keys are all live skip the mask
+    context_range: tuple[int, int] | None = None
+    # decode: key masks per sliding window, built by the first layer that needs each
+    masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if self.is_prefill:
@@ -57,11 +62,33 @@ class AttentionMetadata:
 
     @staticmethod
     def decode(
-        slot_mapping: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor
+        slot_mapping: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
+        context_range: tuple[int, int] | None = None,
     ) -> AttentionMetadata:
         return AttentionMetadata(
-            False, slot_mapping, block_tables=block_tables, context_lens=context_lens
+            False, slot_mapping, block_tables=block_tables, context_lens=context_lens,
+            context_range=context_range,
         )
+
+    def decode_mask(self, window: int | None) -> tuple[int, torch.Tensor | None]:
+        """-> (longest context Lmax, key mask [B, 1, 1, Lmax] bool, or None when every key
+        of every row is attended)."""
+        assert self.context_lens is not None
+        if self.context_range is None:
+            lo, hi = -1, int(self.context_lens.max())
+        else:
+            lo, hi = self.context_range
+        if window not in self.masks:
+            if lo == hi and (window is None or hi <= window):
+                self.masks[window] = None
+            else:
+                ctx = self.context_lens[:, None]
+                key_pos = torch.arange(hi, device=ctx.device)[None, :]
+                mask = key_pos < ctx  # [B, Lmax]
+                if window is not None:
+                    mask &= key_pos >= ctx - window
+                self.masks[window] = mask[:, None, None, :]
+        return hi, self.masks[window]
 
 
 # One metadata for every layer, or one per layer (KV groups with their own block tables).
@@ -184,26 +211,22 @@ def decode_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
+    lmax: int,
+    mask: torch.Tensor | None,
     scale: float,
-    window: int | None = None,
 ) -> torch.Tensor:
-    # q: [B, H, Dh]; caches: [N, bs, n_kv, Dh]; block_tables: [B, nb] -> [B, H, Dh]
+    # q: [B, H, Dh]; caches: [N, bs, n_kv, Dh]; block_tables: [B, nb]; mask: [B, 1, 1, Lmax]
+    # (AttentionMetadata.decode_mask) -> [B, H, Dh]
     b, nb = block_tables.shape
     bs, n_kv, dh = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     # Gather the blocks, then trim to the longest live context so pad blocks cost nothing.
-    lmax = int(context_lens.max())
     k = k_cache[block_tables].view(b, nb * bs, n_kv, dh)[:, :lmax]  # [B, Lmax, n_kv, Dh]
     v = v_cache[block_tables].view(b, nb * bs, n_kv, dh)[:, :lmax]
-    key_pos = torch.arange(lmax, device=q.device)[None, :]
-    mask = key_pos < context_lens[:, None]  # [B, Lmax]
-    if window is not None:
-        mask &= key_pos >= context_lens[:, None] - window
     o = F.scaled_dot_product_attention(
         q.unsqueeze(2),  # [B, H, 1, Dh]
         k.transpose(1, 2),  # [B, n_kv, Lmax, Dh]
         v.transpose(1, 2),
-        attn_mask=mask[:, None, None, :],  # [B, 1, 1, Lmax]
+        attn_mask=mask,
         scale=scale,
         enable_gqa=q.shape[1] != n_kv,
     )
@@ -232,7 +255,6 @@ def paged_attention(
             assert meta.block_tables is not None
             prefix = _Prefix(k_cache, v_cache, meta.block_tables, meta.cached_lens)
         return prefill_attention(q, k, v, meta.seq_lens, scale, window, prefix)
-    assert meta.block_tables is not None and meta.context_lens is not None
-    return decode_attention(
-        q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, window
-    )
+    assert meta.block_tables is not None
+    lmax, mask = meta.decode_mask(window)
+    return decode_attention(q, k_cache, v_cache, meta.block_tables, lmax, mask, scale)

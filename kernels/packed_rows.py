@@ -1,0 +1,106 @@
+"""oneDNN-packed vocabulary rows for the CPU unembedding.
+
+PyTorch's dense `h @ W.T` is slow for decode's skinny shapes: on one core here, [b, 640] against
+131072 rows took 31 / 62 / 92 / 292 ms at b = 1 / 4 / 16 / 64, and the same product over
+16384-row blocks reordered once for oneDNN took 16 / 17 / 29 / 75 ms. So the CPU engine packs
+each head's rows in blocks of `BLOCK_ROWS`, and the chunked and split kernels read logits
+block by block from them.
+
+Nested heads are prefixes of one shared matrix, so blocks are keyed by where their rows live
+(`RowPacker`): the 32k head's two blocks are the 262k head's first two, and the packed copy
+costs one extra copy of the largest head's rows. Results agree with `h @ W.T` to fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kernels.errors import ShapeMismatch
+
+log = logging.getLogger(__name__)
+
+BLOCK_ROWS = 16384
+_HINT = 16  # oneDNN's batch-size hint for the blocked layout (see heads.engine.cpu_linear)
+
+
+def packing_supported(weight: torch.Tensor) -> bool:
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32
+            and torch.backends.mkldnn.is_available())
+
+
+class PackedRows:
+    """Rows [V, d] fp32 as blocks of up to BLOCK_ROWS rows, each in oneDNN's layout."""
+
+    def __init__(self, blocks: list[torch.Tensor], sizes: list[int], d: int,
+                 block_rows: int = BLOCK_ROWS) -> None:
+        self.blocks = blocks
+        self.sizes = sizes  # rows per block; all block_rows but the last
+        self.block_rows = block_rows
+        self.vocab = sum(sizes)
+        self.d = d
+
+    def block_logits(self, h32: torch.Tensor, j: int) -> torch.Tensor:
+        # h32: [b, d] fp32 -> [b, sizes[j]] fp32, rows j * block_rows onwards
+        return torch.ops.mkldnn._linear_pointwise(h32, self.blocks[j], None, "none", [], "")
+
+    def logits(self, h32: torch.Tensor) -> torch.Tensor:
+        # [b, d] -> [b, V] fp32
+        self.check(h32)
+        return torch.cat([self.block_logits(h32, j) for j in range(len(self.blocks))], dim=1)
+
+    def check(self, h32: torch.Tensor) -> None:
+        if h32.dim() != 2 or h32.shape[1] != self.d or h32.dtype != torch.float32:
+            raise ShapeMismatch(f"packed rows take [b, {self.d}] fp32, got "
+                                f"{tuple(h32.shape)} {h32.dtype}")
+
+
+class RowPacker:
+    """Packs heads' rows, sharing the blocks of rows that live at the same address."""
+
+    def __init__(self, block_rows: int = BLOCK_ROWS) -> None:
+        self.block_rows = block_rows
+        self._blocks: dict[tuple[int, int, int], torch.Tensor] = {}
+
+    def pack(self, weight: torch.Tensor) -> PackedRows:
+        # weight: [V, d] fp32 on the CPU, row-contiguous (a prefix view of a shared matrix is)
+        if not packing_supported(weight) or weight.dim() != 2 or weight.stride(1) != 1:
+            raise ShapeMismatch(f"cannot pack {weight.dtype} {tuple(weight.shape)} rows")
+        blocks, sizes = [], []
+        for lo in range(0, weight.shape[0], self.block_rows):
+            rows = weight[lo:lo + self.block_rows]
+            key = (rows.data_ptr(), rows.shape[0], rows.shape[1])
+            if key not in self._blocks:
+                self._blocks[key] = torch.ops.mkldnn._reorder_linear_weight(
+                    rows.detach().contiguous(), _HINT)
+            blocks.append(self._blocks[key])
+            sizes.append(rows.shape[0])
+        return PackedRows(blocks, sizes, weight.shape[1], self.block_rows)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of packed copies made so far."""
+        return sum(k[1] * k[2] * 4 for k in self._blocks)
+
+
+class BlockReader:
+    """Logits of any column range [lo, hi) of packed rows for one hidden batch, computing
+    each block once (the chunked kernel walks the columns in order, in sub-block chunks)."""
+
+    def __init__(self, packed: PackedRows, h32: torch.Tensor) -> None:
+        packed.check(h32)
+        self.packed, self.h32 = packed, h32
+        self._j, self._block = -1, h32.new_empty(0)
+
+    def __call__(self, lo: int, hi: int) -> torch.Tensor:
+        # -> [b, hi - lo] fp32 (a view of the block when the range lies inside one)
+        n = self.packed.block_rows
+        j = lo // n
+        end = (j + 1) * n
+        if hi > end:  # spans blocks: only when a caller's chunk does not divide block_rows
+            return torch.cat((self(lo, end), self(end, hi)), dim=1)
+        if j != self._j:
+            self._j, self._block = j, self.packed.block_logits(self.h32, j)
+        base = j * n
+        return self._block[:, lo - base:hi - base]
