@@ -88,7 +88,8 @@ def chunk_partials(
                else block(lo, hi))
         if bias is not None:
             raw += bias[:, lo:hi]
-        scaled = torch.where(sampled[:, None], raw / t_safe, raw)
+        # All-greedy groups (spec.sample False) have nothing to scale: raw is the score.
+        scaled = torch.where(sampled[:, None], raw / t_safe, raw) if spec.sample else raw
         score = scaled if spec.sample else raw
         if spec.sample:
             score = scaled.clone()

@@ -224,6 +224,7 @@ class LocalEngine:
     # --- step thread -------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        self._runner.enter_step_thread()
         while True:
             with self._cond:
                 while not (self._stopping or self._inbox or self._aborts

@@ -41,6 +41,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.device = torch.device(config.device)
         model.to(self.device)
+        self.flush_denormals = config.flush_denormals
         self.packed_rows: dict[str, PackedRows] = {}  # head -> its rows in oneDNN blocks
         if config.cpu_packed_weights and packing_available(self.device, model.dtype):
             log.info("packed %d backbone projections for oneDNN", pack_linears(model.backbone))
@@ -66,6 +67,11 @@ class ModelRunner:
         self._kernel_counts: Counter[tuple[str, str]] = Counter()  # (head, kernel) -> groups
         self._counts_lock = threading.Lock()
         self.score_seconds = 0.0  # total time in prompt scoring (what live BPB costs)
+
+    def enter_step_thread(self) -> None:
+        """Per-thread settings for the thread that calls run (the engine's step thread)."""
+        if self.flush_denormals:
+            torch.set_flush_denormal(True)  # x86 only; a no-op returning False elsewhere
 
     def kernel_counts(self) -> dict[tuple[str, str], int]:
         with self._counts_lock:
