@@ -219,6 +219,18 @@ def table(rows: list[BenchRow]) -> str:
     return "\n".join(lines)
 
 
+def vllm_target(rows: list[BenchRow], target: float = 1.0) -> str | None:
+    """The local engine against vLLM: MET when every (head, B) cell is >= target."""
+    cells = [(r, ratio(rows, r, "vllm")) for r in rows if r.engine == "local"]
+    cells = [(r, x) for r, x in cells if x is not None]
+    if not cells:
+        return None
+    worst, x = min(cells, key=lambda c: c[1])
+    verdict = "MET" if x >= target else "MISSED"
+    return (f"target local >= {target:.1f}x vllm decode tok/s in every cell: {verdict} "
+            f"(lowest {x:.2f}x at {worst.head} B={worst.batch}, {len(cells)} cells)")
+
+
 def write(rows: list[BenchRow], out: Path) -> tuple[Path, Path]:
     import matplotlib
 

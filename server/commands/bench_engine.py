@@ -42,7 +42,7 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from heads.bench_engine import bench, table, write
+    from heads.bench_engine import bench, table, vllm_target, write
     from server.commands.errors import CliError
     from server.logging_setup import configure_logging
 
@@ -69,6 +69,8 @@ def _run(args: argparse.Namespace) -> None:
         rows = bench(model, args.batches, args.tokens, args.threads, engines, args.repeats,
                      heads, dtype, timings)
         print(table(rows))
+        if (verdict := vllm_target(rows)) is not None:
+            print(verdict)
         js, png = write(rows, args.out)
         print(f"wrote {js} and {png}")
     if "local" in engines and scenarios & {"prefix", "kv"}:
