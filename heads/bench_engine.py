@@ -221,8 +221,11 @@ def table(rows: list[BenchRow]) -> str:
 
 def vllm_target(rows: list[BenchRow], target: float = 1.0) -> str | None:
     """The local engine against vLLM: MET when every (head, B) cell is >= target."""
-    cells = [(r, ratio(rows, r, "vllm")) for r in rows if r.engine == "local"]
-    cells = [(r, x) for r, x in cells if x is not None]
+    cells: list[tuple[BenchRow, float]] = []
+    for r in rows:
+        x = ratio(rows, r, "vllm") if r.engine == "local" else None
+        if x is not None:
+            cells.append((r, x))
     if not cells:
         return None
     worst, x = min(cells, key=lambda c: c[1])

@@ -67,10 +67,13 @@ def rope_table(head_dim: int, max_positions: int, theta: float) -> torch.Tensor:
 def project(module: nn.Module, group: str, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The outputs of `module.FUSED_PROJECTIONS[group]` for input x: from one fused product
     when the CPU engine packed them (heads.engine.cpu_linear), else one linear each."""
-    fused = module.fused.get(group)
-    if fused is not None:
-        return fused(x).split(fused.sizes, dim=-1)
-    return tuple(getattr(module, name)(x) for name in module.FUSED_PROJECTIONS[group])
+    fused: dict[str, nn.Module] = module.fused  # type: ignore[assignment]
+    product = fused.get(group)
+    if product is not None:
+        sizes: tuple[int, ...] = product.sizes  # type: ignore[assignment]
+        return product(x).split(sizes, dim=-1)
+    names: dict[str, tuple[str, ...]] = module.FUSED_PROJECTIONS  # type: ignore[assignment]
+    return tuple(getattr(module, name)(x) for name in names[group])
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
