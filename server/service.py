@@ -14,11 +14,11 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from heads.engine.llm_engine import GenerationRequest
+from heads.engine.types import GenerationRequest
 from heads.manifest import Manifest
 from heads.prompt_encoder import EncodedPrompt, HeadPrompt, PromptEncoder
 from heads.tokenizer import HeadTokenizer
-from kernels.sampling_params import RowParams
+from kernels.row_params import RowParams
 from router.admission import Ticket
 from router.calibration import CalibratedTimer, StepSample
 from router.policy import Decision

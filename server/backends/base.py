@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from heads.engine.llm_engine import GenerationRequest, HeadLoad, TokenEvent
+from heads.engine.types import GenerationRequest, HeadLoad, TokenEvent
 
 
 class Backend(Protocol):

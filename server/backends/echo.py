@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from heads.engine.llm_engine import GenerationRequest, HeadLoad, TokenEvent
+from heads.engine.types import GenerationRequest, HeadLoad, TokenEvent
 
 
 class EchoBackend:

@@ -7,15 +7,10 @@ from collections.abc import AsyncIterator
 import torch
 
 from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import (
-    GenerationRequest,
-    HeadLoad,
-    LocalEngine,
-    StepTiming,
-    TokenEvent,
-)
+from heads.engine.llm_engine import LocalEngine
+from heads.engine.types import GenerationRequest, HeadLoad, StepTiming, TokenEvent
 from heads.model import MultiHeadModel
-from kernels.sampling_params import RowParams
+from kernels.row_params import RowParams
 
 
 class LocalBackend:

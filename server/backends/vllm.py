@@ -18,8 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
-from heads.engine.llm_engine import GenerationRequest, HeadLoad, TokenEvent
-from heads.engine.prompt_score import PromptScore
+from heads.engine.types import GenerationRequest, HeadLoad, PromptScore, TokenEvent
 from heads.errors import EngineError, EngineLost, EngineUnavailable
 from server.backends.vllm_replicas import ReplicaSet
 from server.backends.vllm_types import Chunk, Discovery, Replica, ReplicaFailed, VllmParams

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from heads.engine.llm_engine import GenerationRequest
-from kernels.sampling_params import RowParams
+from heads.engine.types import GenerationRequest
+from kernels.row_params import RowParams
 from server.backends.vllm import VllmBackend
 from server.backends.vllm_discovery import K8sConfig, slice_urls
 from server.backends.vllm_signals import EngineSignals
