@@ -360,10 +360,9 @@ class GatewayService:
 
     def _calibrate(self) -> None:
         timer = self.router.timer
-        drain = getattr(self.backend, "step_timings", None)  # only engines that measure
-        if drain is None or not isinstance(timer, CalibratedTimer):
+        if not isinstance(timer, CalibratedTimer):
             return
-        for t in drain():
+        for t in self.backend.step_timings():  # empty unless the engine measures its steps
             if not t.prefill:  # the cost model describes decode steps
                 timer.record(StepSample(t.groups, t.seconds))
 

@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 from heads.engine.types import GenerationRequest, HeadLoad, PromptScore, TokenEvent
 from heads.errors import EngineError, EngineLost, EngineUnavailable
+from server.backends.base import BackendBase
 from server.backends.vllm_replicas import ReplicaSet
 from server.backends.vllm_types import Chunk, Discovery, Replica, ReplicaFailed, VllmParams
 from server.engine_metrics import ReplicaStats
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 ENGINE_FAILED = frozenset({"abort", "error"})
 
 
-class VllmBackend:
+class VllmBackend(BackendBase):
     def __init__(self, replicas: Sequence[Replica], head_sizes: dict[str, int],
                  poll_interval_s: float = 2.0, pass_seed: bool = False,
                  prompt_logprobs: bool = False, discovery: Discovery | None = None) -> None:
