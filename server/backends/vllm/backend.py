@@ -21,8 +21,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from heads.engine.types import GenerationRequest, HeadLoad, PromptScore, TokenEvent
 from heads.errors import EngineError, EngineLost, EngineUnavailable
 from server.backends.base import BackendBase
-from server.backends.vllm_replicas import ReplicaSet
-from server.backends.vllm_types import Chunk, Discovery, Replica, ReplicaFailed, VllmParams
+from server.backends.vllm.replicas import ReplicaSet
+from server.backends.vllm.types import Chunk, Discovery, Replica, ReplicaFailed, VllmParams
 from server.engine_metrics import ReplicaStats
 
 log = logging.getLogger(__name__)
