@@ -22,9 +22,10 @@ import torch
 
 from heads.checkpoint import Checkpoint, load_checkpoint
 from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import GenerationRequest, LocalEngine, StepTiming
+from heads.engine.llm_engine import LocalEngine
+from heads.engine.types import GenerationRequest, StepTiming
 from heads.manifest import BackboneConfig, HeadSpec
-from kernels.sampling_params import RowParams
+from kernels.row_params import RowParams
 
 log = logging.getLogger(__name__)
 

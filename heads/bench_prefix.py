@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from heads.checkpoint import Checkpoint
 from heads.engine.block_manager import BlockManager
 from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import GenerationRequest, LocalEngine
+from heads.engine.llm_engine import LocalEngine
 from heads.engine.sequence import Sequence
-from kernels.sampling_params import RowParams
+from heads.engine.types import GenerationRequest
+from kernels.row_params import RowParams
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,10 @@ from pathlib import Path
 
 from heads.checkpoint import Checkpoint, load_checkpoint
 from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import GenerationRequest, LocalEngine
+from heads.engine.llm_engine import LocalEngine
+from heads.engine.types import GenerationRequest
 from heads.tokenizer_training import DATA_DIR
-from kernels.sampling_params import RowParams
+from kernels.row_params import RowParams
 
 
 def prompts(prose_bytes: int = 1500, code_bytes: int = 1500, random_chars: int = 300

@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.sampling_params import RowParams, SamplingBatch
+from kernels.row_params import RowParams
+from kernels.sampling_params import SamplingBatch
 
 log = logging.getLogger(__name__)
 

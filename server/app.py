@@ -53,7 +53,7 @@ def _open_backend(
     """The engine and what the gateway needs of the checkpoint. The vLLM engine loads the
     weights itself, so the gateway then reads only the manifest and the tokenizers."""
     if settings.backend == "vllm":
-        from server.backends.vllm_factory import make_vllm_backend
+        from server.backends.vllm.factory import make_vllm_backend
 
         manifest, tokenizers = load_metadata(model_dir)
         dtype = settings.vllm_dtype if settings.vllm_dtype != "auto" else compute_dtype(settings)

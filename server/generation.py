@@ -10,8 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from heads.engine.llm_engine import GenerationRequest, TokenEvent
-from heads.engine.prompt_score import PromptScore
+from heads.engine.types import GenerationRequest, PromptScore, TokenEvent
 from heads.tokenizer import HeadTokenizer, IncrementalDetokenizer
 from server.backends.base import Backend
 from server.request_context import add_engine_time

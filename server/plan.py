@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from heads.engine.llm_engine import GenerationRequest
+from heads.engine.types import GenerationRequest
 from heads.prompt_encoder import EncodedPrompt
 from router.policy import Decision
 

@@ -15,7 +15,7 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-from heads.engine.prompt_score import PromptScore
+from heads.engine.types import PromptScore
 from heads.manifest import Manifest
 from router.guard import QualityGuard
 from router.quality import HeadQuality, drift, drifted

@@ -43,7 +43,7 @@ def build_gate(svc: GatewayService, settings: Settings) -> AdmissionGate | None:
     if not settings.admission or total <= 0:  # the echo backend has no KV cache
         return None
     # A vLLM engine reports its own block size (128 tokens on CPU); the local engine's is ours.
-    block_size = getattr(svc.backend, "kv_block_size", lambda: None)() or settings.block_size
+    block_size = svc.backend.kv_block_size() or settings.block_size
     budget = KVBudget(settings.admission_kv_blocks or total, block_size, settings.max_num_seqs)
     ratio = OutputRatio(settings.admission_quantile, settings.admission_prior_ratio)
     admission = Admission(svc.router.profiles, budget, ratio)

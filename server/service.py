@@ -14,11 +14,11 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from heads.engine.llm_engine import GenerationRequest
+from heads.engine.types import GenerationRequest
 from heads.manifest import Manifest
 from heads.prompt_encoder import EncodedPrompt, HeadPrompt, PromptEncoder
 from heads.tokenizer import HeadTokenizer
-from kernels.sampling_params import RowParams
+from kernels.row_params import RowParams
 from router.admission import Ticket
 from router.calibration import CalibratedTimer, StepSample
 from router.policy import Decision
@@ -360,10 +360,9 @@ class GatewayService:
 
     def _calibrate(self) -> None:
         timer = self.router.timer
-        drain = getattr(self.backend, "step_timings", None)  # only engines that measure
-        if drain is None or not isinstance(timer, CalibratedTimer):
+        if not isinstance(timer, CalibratedTimer):
             return
-        for t in drain():
+        for t in self.backend.step_timings():  # empty unless the engine measures its steps
             if not t.prefill:  # the cost model describes decode steps
                 timer.record(StepSample(t.groups, t.seconds))
 

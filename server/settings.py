@@ -94,7 +94,7 @@ class Settings(BaseSettings):
     shutdown_delay_s: float = Field(default=0.0, ge=0)
 
     backend: Literal["local", "echo", "vllm"] = "local"  # echo: instant fake engine
-    # vLLM backend (server/backends/vllm.py). "in-process" runs AsyncLLM here on
+    # vLLM backend (server/backends/vllm/backend.py). "in-process" runs AsyncLLM here on
     # vllm_model_dir (default: `polyhead export vllm` of the model, made in the cache on first
     # use); "remote" talks to vLLM OpenAI servers found by vllm_discovery.
     vllm_mode: Literal["in-process", "remote"] = "in-process"

@@ -14,56 +14,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from heads.engine.block_manager import BlockManager
 from heads.engine.config import EngineConfig
 from heads.engine.model_runner import ModelRunner
-from heads.engine.prompt_score import PromptScore
 from heads.engine.scheduler import Scheduler
 from heads.engine.sequence import Sequence
+from heads.engine.types import GenerationRequest, HeadLoad, StepTiming, TokenEvent
 from heads.errors import EngineError, EngineStopped
 from heads.model import MultiHeadModel
-from kernels.sampling_params import RowParams
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationRequest:
-    request_id: str
-    head: str
-    prompt_ids: tuple[int, ...]
-    max_tokens: int
-    sampling: RowParams
-    stop_token_ids: frozenset[int]
-    want_logprobs: bool = False
-    score_prompt: bool = False  # report the prompt's NLL with the first token
-    score_positions: int = 0  # score at most this many prompt positions; 0: all
-
-
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    token_id: int
-    logprob: float | None
-    finish_reason: str | None  # "stop" | "length" | None
-    prompt_score: PromptScore | None = None  # on the first event, when asked for
-    cached_tokens: int | None = None  # on the first event: prompt tokens the prefix cache served
-
-
-@dataclass(frozen=True, slots=True)
-class HeadLoad:
-    running: int
-    waiting: int
-
-
-@dataclass(frozen=True, slots=True)
-class StepTiming:
-    """One measured step, for the router's cost calibration (router.calibration)."""
-
-    prefill: bool
-    groups: tuple[tuple[str, int, float], ...]  # (head, requests, mean context tokens)
-    seconds: float
 
 
 STEP_LOG = 4096  # recent step timings kept for the gateway to read

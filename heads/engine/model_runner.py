@@ -15,8 +15,9 @@ import torch
 from heads.attention import AttentionMetadata, allocate_kv_cache, slots_for
 from heads.engine.config import EngineConfig
 from heads.engine.cpu_linear import pack_linears, packing_available
-from heads.engine.prompt_score import PromptScore, ScoreJob, score_prompts
+from heads.engine.prompt_score import ScoreJob, score_prompts
 from heads.engine.sequence import Sequence
+from heads.engine.types import PromptScore
 from heads.model import MultiHeadModel
 from kernels.calibration import load_calibration
 from kernels.dispatch import batch_mode, device_spec, dtype_name, run_plan

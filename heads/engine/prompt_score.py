@@ -13,7 +13,6 @@ knows, so the engine reports nats and the gateway divides (PromptScore.bpb).
 from __future__ import annotations
 
 import logging
-import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,24 +20,12 @@ from dataclasses import dataclass
 import torch
 
 from heads.adapter import HeadOutput
+from heads.engine.types import PromptScore
 
 log = logging.getLogger(__name__)
 
 # Rows per log-softmax: bounds the fp32 temporary to CHUNK·V·4 B (64 MiB at V=262k).
 CHUNK = 64
-
-
-@dataclass(frozen=True, slots=True)
-class PromptScore:
-    nll_nats: float  # estimated total NLL of the predicted prompt tokens, nats
-    predicted: int  # prompt tokens predicted: all but the first
-    scored: int  # positions actually scored; == predicted when exact
-
-    def bpb(self, text_bytes: int) -> float | None:
-        """Bits per UTF-8 byte of the text the predicted tokens cover (None if undefined)."""
-        if self.predicted == 0 or text_bytes <= 0:
-            return None
-        return self.nll_nats / math.log(2) / text_bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ import itertools
 import logging
 from dataclasses import dataclass, field
 
-from heads.engine.prompt_score import PromptScore
-from kernels.sampling_params import RowParams
+from heads.engine.types import PromptScore
+from kernels.row_params import RowParams
 
 log = logging.getLogger(__name__)
 

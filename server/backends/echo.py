@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from heads.engine.llm_engine import GenerationRequest, HeadLoad, TokenEvent
+from heads.engine.types import GenerationRequest, HeadLoad, TokenEvent
+from server.backends.base import BackendBase
 
 
-class EchoBackend:
+class EchoBackend(BackendBase):
     def __init__(self, heads: list[str], token_delay_s: float = 0.0) -> None:
         self.token_delay_s = token_delay_s
         self._running = dict.fromkeys(heads, 0)

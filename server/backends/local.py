@@ -7,18 +7,14 @@ from collections.abc import AsyncIterator
 import torch
 
 from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import (
-    GenerationRequest,
-    HeadLoad,
-    LocalEngine,
-    StepTiming,
-    TokenEvent,
-)
+from heads.engine.llm_engine import LocalEngine
+from heads.engine.types import GenerationRequest, HeadLoad, StepTiming, TokenEvent
 from heads.model import MultiHeadModel
-from kernels.sampling_params import RowParams
+from kernels.row_params import RowParams
+from server.backends.base import BackendBase
 
 
-class LocalBackend:
+class LocalBackend(BackendBase):
     def __init__(self, model: MultiHeadModel, config: EngineConfig, torch_threads: int = 0):
         if torch_threads:
             # Set here, not at import: the thread count is an operator choice per process.

@@ -27,9 +27,10 @@ from typing import Any
 
 from heads.checkpoint import Checkpoint
 from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import GenerationRequest, LocalEngine, StepTiming
+from heads.engine.llm_engine import LocalEngine
+from heads.engine.types import GenerationRequest, StepTiming
 from heads.prompt_encoder import PromptEncoder
-from kernels.sampling_params import RowParams
+from kernels.row_params import RowParams
 from router.calibration import CalibratedTimer, StepSample
 from router.cost import StepTimer
 from router.profiles import HeadProfile, HeadTokens, RequestFeatures

@@ -29,15 +29,15 @@ async def metrics(svc: ServiceDep, m: MetricsDep, request: Request) -> Response:
     used, total = svc.backend.kv_blocks()
     m.kv_blocks_used.set(used)
     m.kv_blocks_total.set(total)
-    kernel_counts = getattr(svc.backend, "kernel_counts", None)  # local engine only, so far
+    kernel_counts = svc.backend.kernel_counts()  # local engine only, so far
     if kernel_counts is not None:
-        m.unembed_kernels.set(kernel_counts())
-    prefix_counts = getattr(svc.backend, "prefix_cache_counts", None)  # local engine only
+        m.unembed_kernels.set(kernel_counts)
+    prefix_counts = svc.backend.prefix_cache_counts()  # local engine only
     if prefix_counts is not None:
-        m.prefix_cache.set(prefix_counts())
-    replica_stats = getattr(svc.backend, "replica_stats", None)  # the vLLM backend
+        m.prefix_cache.set(prefix_counts)
+    replica_stats = svc.backend.replica_stats()  # the vLLM backend
     if replica_stats is not None:
-        m.engines.set(replica_stats())
+        m.engines.set(replica_stats)
     redis = redis_status(request.app)
     m.redis_up.set(1 if redis is None or redis["up"] else 0)
     m.redis_pending.set(redis["pending_increments"] if redis else 0)

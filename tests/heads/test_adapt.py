@@ -19,14 +19,15 @@ from heads.adapt_train import TrainConfig
 from heads.adapter_spec import BIAS, HIDDEN_DOWN, HIDDEN_UP, LOWRANK_A, LOWRANK_B
 from heads.checkpoint import load_adapter_tensors, load_checkpoint
 from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import GenerationRequest, LocalEngine, TokenEvent
+from heads.engine.llm_engine import LocalEngine
+from heads.engine.types import GenerationRequest, TokenEvent
 from heads.errors import AdaptError, CheckpointError
 from heads.evaluate import aggregate, evaluate, forward_hidden
 from heads.manifest import Manifest
 from heads.model import MultiHeadModel
 from heads.tiny import MATRIX
 from heads.tokenizer_training import HELDOUT_PATH
-from kernels.sampling_params import RowParams
+from kernels.row_params import RowParams
 from tests.heads.adapt_util import adapt_tiny, tiny_corpus
 
 PROMPT = (5, 6, 7, 9, 11, 300, 17, 42, 99, 100)

@@ -6,7 +6,7 @@ import pytest
 
 from heads.engine.block_manager import BlockManager, blocks_for
 from heads.engine.sequence import Sequence
-from kernels.sampling_params import RowParams
+from kernels.row_params import RowParams
 
 
 def _seq(n_prompt: int) -> Sequence:

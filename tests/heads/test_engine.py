@@ -9,10 +9,11 @@ import time
 import pytest
 
 from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import GenerationRequest, HeadLoad, LocalEngine, TokenEvent
+from heads.engine.llm_engine import LocalEngine
+from heads.engine.types import GenerationRequest, HeadLoad, TokenEvent
 from heads.errors import EngineError, EngineOverloaded, EngineStopped
 from heads.model import MultiHeadModel
-from kernels.sampling_params import RowParams
+from kernels.row_params import RowParams
 from tests.heads.tiny import HEADS, tiny_model
 
 GREEDY = RowParams(temperature=0.0)

@@ -125,7 +125,7 @@ def test_sliding_kv_groups_match_transformers(models) -> None:
     from heads.engine.config import EngineConfig
     from heads.engine.model_runner import ModelRunner
     from heads.engine.sequence import Sequence
-    from kernels.sampling_params import RowParams
+    from kernels.row_params import RowParams
     from tests.heads.paged_oracle import TOL, hf_logits
 
     model, hf = models
@@ -191,8 +191,9 @@ def test_engine_output_is_the_same_with_and_without_sliding_kv(models) -> None:
     import asyncio
 
     from heads.engine.config import EngineConfig
-    from heads.engine.llm_engine import GenerationRequest, LocalEngine
-    from kernels.sampling_params import RowParams
+    from heads.engine.llm_engine import LocalEngine
+    from heads.engine.types import GenerationRequest
+    from kernels.row_params import RowParams
 
     model = MultiHeadModel(models[0].manifest, models[0].state_dict_for_save())  # a copy
     base = tuple(range(40, 58))  # 18 tokens

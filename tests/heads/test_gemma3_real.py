@@ -142,8 +142,9 @@ def test_gemma_past_the_window_through_the_engine_matches_transformers(gemma) ->
     import asyncio
 
     from heads.engine.config import EngineConfig
-    from heads.engine.llm_engine import GenerationRequest, LocalEngine
-    from kernels.sampling_params import RowParams
+    from heads.engine.llm_engine import LocalEngine
+    from heads.engine.types import GenerationRequest
+    from kernels.row_params import RowParams
 
     ckpt, hf = gemma
     tok = ckpt.tokenizers["262k"]

@@ -12,11 +12,12 @@ import torch
 
 from heads.adapter import HeadOutput
 from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import GenerationRequest, LocalEngine, TokenEvent
-from heads.engine.prompt_score import PromptScore, pick_positions, token_nll
+from heads.engine.llm_engine import LocalEngine
+from heads.engine.prompt_score import pick_positions, token_nll
+from heads.engine.types import GenerationRequest, PromptScore, TokenEvent
 from heads.evaluate import forward_logits
 from heads.model import MultiHeadModel
-from kernels.sampling_params import RowParams
+from kernels.row_params import RowParams
 from tests.heads.tiny import tiny_model
 
 PROMPT = tuple(range(3, 43))  # 40 tokens: 39 predicted positions

@@ -8,7 +8,7 @@ from heads.engine.block_manager import BlockManager
 from heads.engine.scheduler import Scheduler
 from heads.engine.sequence import Sequence, SequenceStatus
 from heads.errors import EngineOverloaded
-from kernels.sampling_params import RowParams
+from kernels.row_params import RowParams
 
 
 def _seq(n_prompt: int, max_tokens: int = 8, head: str = "a", stop=frozenset()) -> Sequence:

@@ -11,10 +11,11 @@ import pytest
 
 from heads.checkpoint import load_checkpoint
 from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import GenerationRequest, LocalEngine
+from heads.engine.llm_engine import LocalEngine
+from heads.engine.types import GenerationRequest
 from heads.manifest import Manifest
 from heads.vllm_layout import ARCHITECTURE, VocabLayout
-from kernels.sampling_params import RowParams
+from kernels.row_params import RowParams
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 

@@ -49,7 +49,7 @@ def test_engine_counts_kernels_per_head() -> None:
     from heads.engine.config import EngineConfig
     from heads.engine.model_runner import ModelRunner
     from heads.engine.sequence import Sequence
-    from kernels.sampling_params import RowParams
+    from kernels.row_params import RowParams
     from tests.heads.tiny import tiny_model
 
     model = tiny_model()

@@ -9,7 +9,8 @@ import torch
 from kernels import reference, split
 from kernels.errors import ShapeMismatch
 from kernels.packed_rows import BlockReader, RowPacker, packing_supported
-from kernels.sampling_params import RowParams, SamplingBatch
+from kernels.row_params import RowParams
+from kernels.sampling_params import SamplingBatch
 
 pytestmark = pytest.mark.skipif(
     not packing_supported(torch.zeros(1, 1)), reason="no oneDNN in this torch")

@@ -11,7 +11,8 @@ from scipy import stats
 from kernels import rng
 from kernels.errors import ShapeMismatch
 from kernels.reference import compute_logits, filter_mask, unembed_and_sample
-from kernels.sampling_params import RowParams, SamplingBatch
+from kernels.row_params import RowParams
+from kernels.sampling_params import SamplingBatch
 
 M64 = (1 << 64) - 1
 # Max |logit error| against a float64 matmul of the original fp32 data, hidden scaled by 1/sqrt(d).

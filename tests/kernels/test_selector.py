@@ -22,7 +22,8 @@ from kernels.calibration import (
 from kernels.dispatch import batch_mode
 from kernels.errors import UnknownDevice
 from kernels.roofline import SPLIT_ONLY, path_times, roofline_crossover
-from kernels.sampling_params import RowParams, SamplingBatch
+from kernels.row_params import RowParams
+from kernels.sampling_params import SamplingBatch
 from kernels.selector import Selector, choose
 
 ROOT = Path(__file__).resolve().parents[2]

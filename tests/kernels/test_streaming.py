@@ -19,7 +19,8 @@ from scipy import stats  # noqa: E402
 
 from kernels import chunked, reference, rng, split  # noqa: E402
 from kernels.packed_rows import RowPacker, packing_supported  # noqa: E402
-from kernels.sampling_params import RowParams, SamplingBatch  # noqa: E402
+from kernels.row_params import RowParams
+from kernels.sampling_params import SamplingBatch  # noqa: E402
 from kernels.streaming import near_tie_tolerance  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

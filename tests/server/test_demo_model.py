@@ -15,11 +15,12 @@ import pytest
 
 from heads.checkpoint import load_checkpoint
 from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import GenerationRequest, LocalEngine
+from heads.engine.llm_engine import LocalEngine
+from heads.engine.types import GenerationRequest
 from heads.evaluate import evaluate
 from heads.fetch import default_cache_dir
 from heads.tokenizer_training import DATA_DIR
-from kernels.sampling_params import RowParams
+from kernels.row_params import RowParams
 from server.model_source import resolve_model_dir
 from tests.conftest import Gateway, start_gateway, stop_gateway
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from heads.engine.llm_engine import GenerationRequest
-from kernels.sampling_params import RowParams
-from server.backends.vllm import VllmBackend
-from server.backends.vllm_discovery import K8sConfig, slice_urls
-from server.backends.vllm_signals import EngineSignals
-from server.backends.vllm_types import Chunk, Replica, VllmParams
+from heads.engine.types import GenerationRequest
+from kernels.row_params import RowParams
+from server.backends.vllm.backend import VllmBackend
+from server.backends.vllm.discovery import K8sConfig, slice_urls
+from server.backends.vllm.signals import EngineSignals
+from server.backends.vllm.types import Chunk, Replica, VllmParams
 
 SVC = "ph-polyhead-engine-main"
 

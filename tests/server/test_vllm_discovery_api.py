@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from server.backends.vllm_discovery import K8sConfig, K8sDiscovery
+from server.backends.vllm.discovery import K8sConfig, K8sDiscovery
 from tests.conftest import start_gateway, stop_gateway
 from tests.server.metrics_util import scrape
 from tests.server.test_vllm_discovery import (

@@ -8,8 +8,8 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 
-from server.backends.vllm_signals import EngineSignals
-from server.backends.vllm_types import Discovery, Replica
+from server.backends.vllm.signals import EngineSignals
+from server.backends.vllm.types import Discovery, Replica
 from server.engine_metrics import ReplicaStats
 
 log = logging.getLogger(__name__)

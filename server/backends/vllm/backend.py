@@ -18,11 +18,11 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
-from heads.engine.llm_engine import GenerationRequest, HeadLoad, TokenEvent
-from heads.engine.prompt_score import PromptScore
+from heads.engine.types import GenerationRequest, HeadLoad, PromptScore, TokenEvent
 from heads.errors import EngineError, EngineLost, EngineUnavailable
-from server.backends.vllm_replicas import ReplicaSet
-from server.backends.vllm_types import Chunk, Discovery, Replica, ReplicaFailed, VllmParams
+from server.backends.base import BackendBase
+from server.backends.vllm.replicas import ReplicaSet
+from server.backends.vllm.types import Chunk, Discovery, Replica, ReplicaFailed, VllmParams
 from server.engine_metrics import ReplicaStats
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 ENGINE_FAILED = frozenset({"abort", "error"})
 
 
-class VllmBackend:
+class VllmBackend(BackendBase):
     def __init__(self, replicas: Sequence[Replica], head_sizes: dict[str, int],
                  poll_interval_s: float = 2.0, pass_seed: bool = False,
                  prompt_logprobs: bool = False, discovery: Discovery | None = None) -> None:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from heads.manifest import MANIFEST_FILE, Manifest
 from heads.vllm_layout import VocabLayout
-from server.backends.vllm import VllmBackend
-from server.backends.vllm_discovery import K8sConfig, K8sDiscovery, in_cluster_api
-from server.backends.vllm_inprocess import InProcessConfig, InProcessReplica
-from server.backends.vllm_remote import RemoteReplica
-from server.backends.vllm_types import Discovery, Replica
+from server.backends.vllm.backend import VllmBackend
+from server.backends.vllm.discovery import K8sConfig, K8sDiscovery, in_cluster_api
+from server.backends.vllm.inprocess import InProcessConfig, InProcessReplica
+from server.backends.vllm.remote import RemoteReplica
+from server.backends.vllm.types import Discovery, Replica
 from server.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from server.backends.vllm_types import Replica
+from server.backends.vllm.types import Replica
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 
 from heads.errors import EngineError
-from server.backends.vllm_signals import EngineSignals, parse_signals
-from server.backends.vllm_types import Chunk, ReplicaFailed, VllmParams
+from server.backends.vllm.signals import EngineSignals, parse_signals
+from server.backends.vllm.types import Chunk, ReplicaFailed, VllmParams
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from server.backends.vllm_signals import EngineSignals
+from server.backends.vllm.signals import EngineSignals
 
 
 class ReplicaFailed(Exception):
@@ -55,7 +55,7 @@ class Replica(Protocol):
 
 
 class Discovery(Protocol):
-    """Where the engines are now (server/backends/vllm_discovery.py)."""
+    """Where the engines are now (server/backends/vllm/discovery.py)."""
 
     make: Callable[[str], Replica]  # engine URL -> its replica, not started
 

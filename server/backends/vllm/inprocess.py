@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.backends.vllm_signals import EngineSignals, parse_signals
-from server.backends.vllm_types import Chunk, ReplicaFailed, VllmParams
+from server.backends.vllm.signals import EngineSignals, parse_signals
+from server.backends.vllm.types import Chunk, ReplicaFailed, VllmParams
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,59 @@
+"""The engine's request, event and load types. No torch: the gateway and the echo and vLLM
+backends use them without loading the local engine."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kernels.row_params import RowParams
+
+
+@dataclass(frozen=True, slots=True)
+class PromptScore:
+    nll_nats: float  # estimated total NLL of the predicted prompt tokens, nats
+    predicted: int  # prompt tokens predicted: all but the first
+    scored: int  # positions actually scored; == predicted when exact
+
+    def bpb(self, text_bytes: int) -> float | None:
+        """Bits per UTF-8 byte of the text the predicted tokens cover (None if undefined)."""
+        if self.predicted == 0 or text_bytes <= 0:
+            return None
+        return self.nll_nats / math.log(2) / text_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    request_id: str
+    head: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: RowParams
+    stop_token_ids: frozenset[int]
+    want_logprobs: bool = False
+    score_prompt: bool = False  # report the prompt's NLL with the first token
+    score_positions: int = 0  # score at most this many prompt positions; 0: all
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    token_id: int
+    logprob: float | None
+    finish_reason: str | None  # "stop" | "length" | None
+    prompt_score: PromptScore | None = None  # on the first event, when asked for
+    cached_tokens: int | None = None  # on the first event: prompt tokens the prefix cache served
+
+
+@dataclass(frozen=True, slots=True)
+class HeadLoad:
+    running: int
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepTiming:
+    """One measured step, for the router's cost calibration (router.calibration)."""
+
+    prefill: bool
+    groups: tuple[tuple[str, int, float], ...]  # (head, requests, mean context tokens)
+    seconds: float

@@ -1,0 +1,1 @@
+"""vLLM as the gateway's engine: the backend, its in-process or remote replicas, discovery."""
