@@ -114,7 +114,7 @@ def test_bpb_divides_bits_by_bytes():
 
 @pytest.mark.slow
 def test_bench_runs_in_quick_mode(tiny_model_dir):
-    from heads.bench_prompt_bpb import run
+    from heads.bench.prompt_bpb import run
     from heads.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(tiny_model_dir, compute_dtype="float32")

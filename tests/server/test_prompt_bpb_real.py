@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from heads.bench_prompt_bpb import prompts
+from heads.bench.prompt_bpb import prompts
 from heads.fetch import default_cache_dir
 from server.model_source import resolve_model_dir
 from tests.conftest import ADMIN_TOKEN, Gateway, start_gateway, stop_gateway

@@ -1,6 +1,6 @@
 """What live prompt BPB costs in prefill, and what it reads on prose, code and random bytes.
 
-`python -m heads.bench_prompt_bpb MODEL_DIR` runs one ~200-500-token prompt per type through
+`python -m heads.bench.prompt_bpb MODEL_DIR` runs one ~200-500-token prompt per type through
 the local engine with max_tokens=1 (one step: the prefill) per head, with scoring off,
 sampled (k positions) and exact, interleaved over repeats; prints a table and writes JSON.
 Overhead = the engine's measured scoring time ÷ the unscored prefill step of the same run
@@ -27,7 +27,7 @@ from kernels.sampling_params import RowParams
 def prompts(prose_bytes: int = 1500, code_bytes: int = 1500, random_chars: int = 300
             ) -> dict[str, str]:
     prose = (DATA_DIR / "wiki-sample-b.txt").read_text()[:prose_bytes]
-    code = (Path(__file__).parent / "engine" / "scheduler.py").read_text()[:code_bytes]
+    code = (Path(__file__).parents[1] / "engine" / "scheduler.py").read_text()[:code_bytes]
     rng = random.Random(0)  # printable ASCII and Latin-1: byte-fallback territory
     noise = "".join(chr(rng.randrange(0x20, 0x100)) for _ in range(random_chars))
     return {"prose": prose, "code": code, "random": noise}

@@ -1,0 +1,1 @@
+"""Benchmarks of the unembedding kernels (run by `polyhead bench kernels` and gpu.sh)."""
