@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import math
-import random
 import statistics
 from pathlib import Path
 
@@ -23,14 +22,12 @@ from heads.engine.llm_engine import GenerationRequest, LocalEngine
 from heads.tokenizer_training import DATA_DIR
 from kernels.sampling_params import RowParams
 
+PROMPTS_FILE = DATA_DIR / "prompt_bpb_prompts.json"
 
-def prompts(prose_bytes: int = 1500, code_bytes: int = 1500, random_chars: int = 300
-            ) -> dict[str, str]:
-    prose = (DATA_DIR / "wiki-sample-b.txt").read_text()[:prose_bytes]
-    code = (Path(__file__).parents[1] / "engine" / "scheduler.py").read_text()[:code_bytes]
-    rng = random.Random(0)  # printable ASCII and Latin-1: byte-fallback territory
-    noise = "".join(chr(rng.randrange(0x20, 0x100)) for _ in range(random_chars))
-    return {"prose": prose, "code": code, "random": noise}
+
+def prompts() -> dict[str, str]:
+    """The prose, code and random-byte prompts, by type (heads/data/README.md says whence)."""
+    return json.loads(PROMPTS_FILE.read_text(encoding="utf-8"))
 
 
 def encode(ckpt: Checkpoint, head: str, text: str) -> list[int]:

@@ -1,49 +1,62 @@
-"""Real-engine replay on the tiny model: every policy and static head serves the whole trace,
-and the accounting adds up. No timed assertions (CPU timings are noisy)."""
+"""Real-engine replay on the tiny model, through `polyhead bench replay`: every policy and
+static head serves the whole trace, and the accounting adds up. No timed assertions (CPU
+timings are noisy)."""
 
 from __future__ import annotations
 
-import asyncio
+import csv
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-from heads.checkpoint import load_checkpoint
+import pytest
+
 from heads.manifest import Manifest
 from router.calibration import CalibratedTimer
 from router.calibration_file import StepSamples, write_step_samples
-from router.simulate.traces import SimRequest
-from server.bench.replay.report import regime_table, table, targets, write_csv
-from server.bench.replay.runner import ReplayConfig
-from server.bench.replay.session import replay_all
 from server.settings import Settings
 from server.wiring import build_router, device_spec, head_profiles
 
-# Three at once (B=3), then one at a time: two regimes by trace time.
-TRACE = [SimRequest(0.0, 120, 60, 16), SimRequest(0.0, 200, 40, 16),
-         SimRequest(0.05, 80, 80, 16), SimRequest(0.6, 100, 30, 8), SimRequest(0.9, 60, 50, 8)]
+ROOT = Path(__file__).resolve().parents[2]
+# Three at once (B=3), then one at a time: (arrival_s, prompt_bytes, output_bytes, max_tokens).
+TRACE = [(0.0, 120, 60, 16), (0.0, 200, 40, 16), (0.05, 80, 80, 16), (0.6, 100, 30, 8),
+         (0.9, 60, 50, 8)]
 
 
 def test_replay_every_policy_and_static_head(tiny_model_dir: Path, tmp_path: Path) -> None:
-    ckpt = load_checkpoint(tiny_model_dir, compute_dtype="float32")
-    rows = asyncio.run(replay_all(ckpt, TRACE, ["lifecycle", "cost"], ReplayConfig(
-        max_num_seqs=4, kv_cache_mb=8, poll_s=0.02), lambda t: "high" if t < 0.5 else "low"))
-    assert [r.policy for r in rows] == ["lifecycle", "cost", "static:1k", "static:4k",
-                                        "static:8k"]
-    for r in rows:
-        res = r.real.result
-        assert len(res.latencies) == len(TRACE) and res.output_bytes > 0  # nothing dropped
-        assert res.device_s > 0 and res.steps > 0 and res.max_batch >= 1
-        assert sum(r.real.head_tokens.values()) == sum(r.real.regime_tokens.values())
-        assert sum(r.real.regime_s.values()) == res.device_s
-        assert set(r.sims) == {"sim (analytic)", "sim (charged measured)"}
-        assert all(len(s.latencies) == len(TRACE) for s in r.sims.values())
-        if r.policy.startswith("static:"):
-            assert res.share()[r.policy[7:]] == 1.0 and res.switches == 0
-    text = table(rows) + regime_table(rows)
-    assert "static:8k" in text and "sim (analytic)" in text
-    assert len(targets(rows, ["lifecycle", "cost"])) >= 1
-    write_csv(rows, tmp_path / "replay.csv")
-    lines = (tmp_path / "replay.csv").read_text().splitlines()
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_bytes,output_bytes,max_tokens\n"
+                     + "".join(",".join(map(str, r)) + "\n" for r in TRACE))
+    env = {**os.environ, "POLYHEAD_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "server.cli", "bench", "replay",
+                           "--model", str(tiny_model_dir), "--trace", str(trace),
+                           "--policies", "lifecycle,cost", "--max-num-seqs", "4",
+                           "--out", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    lines = (tmp_path / "bench_replay.csv").read_text().splitlines()
     assert len(lines) == 1 + 5 * 3  # header + (real + two sims) per row
+    rows = list(csv.DictReader(lines))
+    real = [r for r in rows if r["source"] == "real"]
+    assert [r["policy"] for r in real] == ["lifecycle", "cost", "static:1k", "static:4k",
+                                           "static:8k"]
+    for r in real:
+        assert int(r["requests"]) == len(TRACE) and int(r["output_bytes"]) > 0  # nothing dropped
+        # max_batch counts decode steps only: >= 1 means steps were taken
+        assert float(r["device_s"]) > 0 and int(r["max_batch"]) >= 1
+        # one regime ("all"): its tokens are every head's tokens and its time the device time
+        assert float(r["cost_all"]) == pytest.approx(float(r["cost_s_per_mb"]), rel=1e-9)
+        sims = [s for s in rows if s["policy"] == r["policy"] and s["source"] != "real"]
+        assert {s["source"] for s in sims} == {"sim (analytic)", "sim (charged measured)"}
+        assert all(int(s["requests"]) == len(TRACE) for s in sims)
+        if r["policy"].startswith("static:"):
+            row = next(ln for ln in text.splitlines() if ln.startswith(r["policy"] + " "))
+            share = dict(kv.split("=") for kv in row.rsplit("  ", 1)[1].split())  # share (real)
+            assert float(share[r["policy"][7:]]) == 1.0 and int(r["switches"]) == 0
+    assert "static:8k" in text and "sim (analytic)" in text
+    assert text.count("  MET ") + text.count("  MISSED ") >= 1
 
 
 def test_serve_settings_seed_the_router_from_a_calibration_file(tiny_model_dir: Path,
