@@ -1,1 +1,1 @@
-"""Benchmarks of the unembedding kernels (run by `polyhead bench kernels` and gpu.sh)."""
+"""Benchmarks of the unembedding kernels (`polyhead bench kernels`; gpu.sh on a CUDA box)."""
