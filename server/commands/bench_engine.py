@@ -42,7 +42,7 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from heads.bench_engine import bench, table, vllm_target, write
+    from heads.bench.engine import bench, table, vllm_target, write
     from server.commands.errors import CliError
     from server.logging_setup import configure_logging
 
@@ -86,7 +86,7 @@ def _local_scenarios(args: argparse.Namespace, model: Path, dtype: str | None, h
 
     import torch
 
-    from heads.bench_prefix import kv_per_request, kv_table, prefix_table, prefix_ttft
+    from heads.bench.prefix import kv_per_request, kv_table, prefix_table, prefix_ttft
     from heads.checkpoint import load_checkpoint
 
     torch.set_num_threads(args.threads)

@@ -29,7 +29,7 @@ def _run(args: argparse.Namespace) -> None:
     import asyncio
     import tempfile
 
-    from server.bench_gateway import (
+    from server.bench.gateway import (
         closed_loop,
         features_summary,
         free_port,
@@ -74,7 +74,7 @@ def _features(args: argparse.Namespace, rows: list, logs: Path) -> float:
 
     from heads.checkpoint import load_metadata
     from heads.tokenizer_training import DATA_DIR
-    from server.bench_gateway import (
+    from server.bench.gateway import (
         FEATURES,
         Result,
         encode_p50_ms,

@@ -28,7 +28,7 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
 def _bench(args: argparse.Namespace) -> None:
     import torch
 
-    from kernels.bench import format_table, run_bench, write_outputs
+    from kernels.bench.unembed import format_table, run_bench, write_outputs
     from kernels.dispatch import device_spec
     from server.logging_setup import configure_logging
 

@@ -43,10 +43,7 @@ def _run(args: argparse.Namespace) -> None:
 
     from heads.checkpoint import load_checkpoint
     from router.simulate.traces import TRACES, day_phases, load_trace, phase_at
-    from server.commands.errors import CliError
-    from server.logging_setup import configure_logging
-    from server.model_source import resolve_model_dir
-    from server.replay.report import (
+    from server.bench.replay.report import (
         language_table,
         language_targets,
         predictor_error,
@@ -56,8 +53,11 @@ def _run(args: argparse.Namespace) -> None:
         targets,
         write_csv,
     )
-    from server.replay.runner import ReplayConfig
-    from server.replay.session import replay_all
+    from server.bench.replay.runner import ReplayConfig
+    from server.bench.replay.session import replay_all
+    from server.commands.errors import CliError
+    from server.logging_setup import configure_logging
+    from server.model_source import resolve_model_dir
     from server.settings import load_settings
 
     configure_logging("text", "INFO")

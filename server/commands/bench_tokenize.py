@@ -20,7 +20,7 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from heads.bench_tokenize import measure, texts_of
+    from heads.bench.tokenizers_speed import measure, texts_of
 
     texts = texts_of(args.corpus, args.max_bytes)
     rows = measure(args.checkpoints, texts, args.repeats)

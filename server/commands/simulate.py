@@ -96,8 +96,8 @@ def _texts(model: str) -> Texts:
     from heads.checkpoint import load_metadata
     from heads.multilingual import languages
     from heads.prompt_encoder import PromptEncoder
+    from server.bench.replay.prompts import spellings
     from server.model_source import resolve_model_dir
-    from server.replay.prompts import spellings
     from server.settings import load_settings
 
     manifest, toks = load_metadata(resolve_model_dir(model, load_settings(None).cache_dir))

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -114,11 +118,13 @@ def test_bpb_divides_bits_by_bytes():
 
 
 @pytest.mark.slow
-def test_bench_runs_in_quick_mode(tiny_model_dir):
-    from heads.bench_prompt_bpb import run
-    from heads.checkpoint import load_checkpoint
-
-    ckpt = load_checkpoint(tiny_model_dir, compute_dtype="float32")
-    rows = asyncio.run(run(ckpt, repeats=1, positions=[4]))
+def test_bench_runs_in_quick_mode(tiny_model_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "heads.bench.prompt_bpb", str(tiny_model_dir),
+                           "--repeats", "1", "--positions", "4", "--out", str(out)],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())
     assert {r["prompt"] for r in rows} == {"prose", "code", "random"}
     assert all(r["overhead_exact"] >= 0 and r["bpb_exact"] > 0 for r in rows)

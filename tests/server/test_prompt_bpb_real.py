@@ -7,14 +7,15 @@ moves traffic off the 32k head while random bytes arrive, and back once prose re
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from heads.bench_prompt_bpb import prompts
 from heads.fetch import default_cache_dir
+from heads.tokenizer_training import DATA_DIR
 from server.model_source import resolve_model_dir
 from tests.conftest import ADMIN_TOKEN, Gateway, start_gateway, stop_gateway
 from tests.server.metrics_util import scrape
@@ -22,7 +23,8 @@ from tests.server.metrics_util import scrape
 pytestmark = [pytest.mark.model, pytest.mark.integration, pytest.mark.slow]
 HEADS = ("32k", "131k", "262k")
 AUTH = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-TEXTS = prompts()
+# The prompt BPB benchmark's prompts, by type.
+TEXTS = json.loads((DATA_DIR / "prompt_bpb_prompts.json").read_text(encoding="utf-8"))
 # Between prose/code (~0.6-1.3 bits/byte on this model) and random bytes (4+).
 BOUND = 2.5
 

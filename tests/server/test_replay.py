@@ -11,9 +11,9 @@ from heads.manifest import Manifest
 from router.calibration import CalibratedTimer
 from router.calibration_file import StepSamples, write_step_samples
 from router.simulate.traces import SimRequest
-from server.replay.report import regime_table, table, targets, write_csv
-from server.replay.runner import ReplayConfig
-from server.replay.session import replay_all
+from server.bench.replay.report import regime_table, table, targets, write_csv
+from server.bench.replay.runner import ReplayConfig
+from server.bench.replay.session import replay_all
 from server.settings import Settings
 from server.wiring import build_router, device_spec, head_profiles
 

@@ -158,7 +158,7 @@ def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
         rows.append(BenchRow("vllm", "*", 0, 0, threads, new_tokens, float("nan"),
                              float("nan"), "skipped: vllm is not installed"))
     elif "vllm" in engines:
-        from heads.bench_vllm import VllmBench
+        from heads.bench.vllm_runner import VllmBench
 
         longest = max(len(t.encode(PROMPT)) for t in ckpt.tokenizers.values()) + 1
         vllm = VllmBench(model_dir, dtype, max(batches), longest + new_tokens)

@@ -1,4 +1,4 @@
-"""The issue's GPU targets, measured natively (run by kernels/bench_gpu.sh on a CUDA box).
+"""The issue's GPU targets, measured natively (run by kernels/bench/gpu.sh on a CUDA box).
 
 1. b=1, V=262144, d=640 bf16, fused: % of HBM bandwidth (W bytes / time; target >= 80%).
 2. b=256, split path's GEMM: % of dense bf16 peak (target >= 50%), and the whole split step.
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from kernels import split, triton_fused
-from kernels.bench import _call
+from kernels.bench.unembed import _call
 from kernels.dispatch import device_spec
 from kernels.timing import hidden_states, median_time, mode_batch, weight_copies
 

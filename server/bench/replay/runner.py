@@ -4,7 +4,7 @@ Per request, as server/service.py does: the engine's live per-head load -> LiveS
 the prompt tokenized with every head -> Router.decide -> LocalEngine.generate on the chosen
 head's ids; finished requests feed the live output compression. Arrivals follow the trace's
 clock in real time. Each request is a slice of its language's held-out sample
-(server.replay.prompts): the prompt, and the text that follows it, `output_bytes` long. That
+(server.bench.replay.prompts): the prompt, and the text that follows it, `output_bytes` long. That
 continuation, tokenized by the serving head, sets how many tokens the request decodes
 (greedy, no stop tokens): the same text costs each head its own number of steps. Measured
 cost is busy engine time (the engine's own step timings, prefill + decode) per MB of
@@ -38,8 +38,8 @@ from router.router import Router
 from router.simulate.engine import SimResult
 from router.simulate.traces import SimRequest
 from router.state import LiveState
-from server.replay.prompts import for_language
-from server.replay.quality import continuation_bits
+from server.bench.replay.prompts import for_language
+from server.bench.replay.quality import continuation_bits
 
 log = logging.getLogger(__name__)
 

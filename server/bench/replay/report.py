@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from router.simulate.engine import SimResult
-from server.replay.runner import ReplayResult, Served
+from server.bench.replay.runner import ReplayResult, Served
 
 REGIME_SLACK = 1.05  # "within 5% of the best static head for that regime"
 # Targets of a multilingual trace (request-aware routing against its baselines, one run).

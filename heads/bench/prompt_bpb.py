@@ -1,6 +1,6 @@
 """What live prompt BPB costs in prefill, and what it reads on prose, code and random bytes.
 
-`python -m heads.bench_prompt_bpb MODEL_DIR` runs one ~200-500-token prompt per type through
+`python -m heads.bench.prompt_bpb MODEL_DIR` runs one ~200-500-token prompt per type through
 the local engine with max_tokens=1 (one step: the prefill) per head, with scoring off,
 sampled (k positions) and exact, interleaved over repeats; prints a table and writes JSON.
 Overhead = the engine's measured scoring time ÷ the unscored prefill step of the same run
@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import math
-import random
 import statistics
 from pathlib import Path
 
@@ -24,14 +23,12 @@ from heads.engine.types import GenerationRequest
 from heads.tokenizer_training import DATA_DIR
 from kernels.row_params import RowParams
 
+PROMPTS_FILE = DATA_DIR / "prompt_bpb_prompts.json"
 
-def prompts(prose_bytes: int = 1500, code_bytes: int = 1500, random_chars: int = 300
-            ) -> dict[str, str]:
-    prose = (DATA_DIR / "wiki-sample-b.txt").read_text()[:prose_bytes]
-    code = (Path(__file__).parent / "engine" / "scheduler.py").read_text()[:code_bytes]
-    rng = random.Random(0)  # printable ASCII and Latin-1: byte-fallback territory
-    noise = "".join(chr(rng.randrange(0x20, 0x100)) for _ in range(random_chars))
-    return {"prose": prose, "code": code, "random": noise}
+
+def prompts() -> dict[str, str]:
+    """The prose, code and random-byte prompts, by type (heads/data/README.md says whence)."""
+    return json.loads(PROMPTS_FILE.read_text(encoding="utf-8"))
 
 
 def encode(ckpt: Checkpoint, head: str, text: str) -> list[int]:

@@ -20,9 +20,9 @@ from router.calibration_file import seed_timer, timer_from_file
 from router.cost import AnalyticTimer, StepTimer
 from router.simulate.compare import compare, policy_doc
 from router.simulate.traces import SimRequest
-from server.replay.prompts import spellings
-from server.replay.report import Compared
-from server.replay.runner import ReplayConfig, Replayer, ReplayResult
+from server.bench.replay.prompts import spellings
+from server.bench.replay.report import Compared
+from server.bench.replay.runner import ReplayConfig, Replayer, ReplayResult
 from server.wiring import device_spec, head_profiles
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ async def replay_all(ckpt: Checkpoint, trace: Sequence[SimRequest], policies: Se
                      score: bool = True) -> list[Compared]:
     """`rounds` > 1 replays every label that many times, interleaved (A B C A B C ...), so
     slow drifts of a shared machine hit every label alike; each label keeps its median-cost
-    run. `score`: the served quality of each kept run (server.replay.quality)."""
+    run. `score`: the served quality of each kept run (server.bench.replay.quality)."""
     profiles = head_profiles(ckpt.manifest, "float32")
     device = device_spec("auto")
     heads = [p.name for p in profiles]
