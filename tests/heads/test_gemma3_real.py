@@ -116,7 +116,7 @@ def test_gemma_greedy_matches_transformers(gemma) -> None:
         ours = greedy(model, "262k", ids, STEPS)
         assert ours == hf_greedy(hf, ids, STEPS), prompt
         texts[prompt] = tok.decode(ours)
-    print(texts)  # noqa: T201  (shown with -s; the samples go in the issue note)
+    print(texts)  # noqa: T201  (shown with -s, for reading the samples)
     assert "Lily" in texts["Once upon a time"] or "little" in texts["Once upon a time"]
 
 
