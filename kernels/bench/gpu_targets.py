@@ -1,4 +1,4 @@
-"""The unembedding kernels' GPU targets, measured natively (run by kernels/bench/gpu.sh on a CUDA box).
+"""GPU targets of the unembedding kernels, measured natively (kernels/bench/gpu.sh, CUDA).
 
 1. b=1, V=262144, d=640 bf16, fused: % of HBM bandwidth (W bytes / time; target >= 80%).
 2. b=256, split path's GEMM: % of dense bf16 peak (target >= 50%), and the whole split step.
