@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from heads.engine.config import EngineConfig
 from heads.manifest import Manifest
+from kernels.roofline import DTYPE_BYTES
 from router.calibration import CalibratedTimer
 from router.calibration_file import timer_from_file
 from router.devices import DeviceSpec, detect_cpu, lookup_device
@@ -11,8 +12,6 @@ from router.profiles import HeadProfile
 from router.router import Router
 from router.state import LiveState
 from server.settings import Settings
-
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def compute_dtype(settings: Settings) -> str:
@@ -22,7 +21,7 @@ def compute_dtype(settings: Settings) -> str:
 
 def head_profiles(manifest: Manifest, dtype: str | None = None) -> list[HeadProfile]:
     b = manifest.backbone
-    s = _DTYPE_BYTES[dtype or manifest.dtype]
+    s = DTYPE_BYTES[dtype or manifest.dtype]
     return [
         HeadProfile(
             name=h.name,
