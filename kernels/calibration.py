@@ -10,26 +10,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernels.cache_paths import calibration_dir
 from kernels.errors import CalibrationError
 from kernels.roofline import Efficiency
 
 log = logging.getLogger(__name__)
 
 VERSION = 1
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("POLYHEAD_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "polyhead"
-
-
-def calibration_dir() -> Path:
-    return cache_dir() / "calibration"
 
 
 def device_slug(device_name: str) -> str:
