@@ -12,7 +12,7 @@ import math
 import threading
 from dataclasses import dataclass
 
-from kernels.calibration import Calibration
+from kernels.crossover_calibration import CrossoverCalibration
 from kernels.devices import DeviceSpec
 from kernels.roofline import SPLIT_ONLY, roofline_crossover
 
@@ -34,7 +34,7 @@ def stream_kernel(device: DeviceSpec) -> str:
 
 def crossover(
     vocab: int, d: int, dtype: str, mode: str, device: DeviceSpec,
-    calibration: Calibration | None = None,
+    calibration: CrossoverCalibration | None = None,
 ) -> tuple[float, str]:
     if mode == SPLIT_ONLY:
         return 1.0, SPLIT_ONLY
@@ -48,7 +48,7 @@ def crossover(
 
 def choose(
     b: int, vocab: int, d: int, dtype: str, mode: str, device: DeviceSpec,
-    calibration: Calibration | None = None,
+    calibration: CrossoverCalibration | None = None,
 ) -> Plan:
     """Stateless choice: split iff b >= b*."""
     b_star, source = crossover(vocab, d, dtype, mode, device, calibration)
@@ -62,7 +62,7 @@ class Selector:
     Thread-safe; crossovers are cached per (V, d, dtype, mode, device).
     """
 
-    def __init__(self, calibration: Calibration | None = None, hysteresis: float = 0.25):
+    def __init__(self, calibration: CrossoverCalibration | None = None, hysteresis: float = 0.25):
         if not 0 <= hysteresis < 1:
             raise ValueError(f"hysteresis must be in [0, 1), got {hysteresis}")
         self.calibration = calibration

@@ -20,11 +20,11 @@ from heads.prompt_encoder import EncodedPrompt, HeadPrompt, PromptEncoder
 from heads.tokenizer import HeadTokenizer
 from kernels.sampling_params import RowParams
 from router.admission import Ticket
-from router.calibration import CalibratedTimer, StepSample
 from router.policy import Decision
 from router.profiles import HeadTokens, RequestFeatures
 from router.router import Router
 from router.state import LiveState
+from router.step_time_fit import FittedStepTimer, StepSample
 from server.admission_gate import AdmissionGate
 from server.backends.base import Backend
 from server.chat_template import render_chat
@@ -361,7 +361,7 @@ class GatewayService:
     def _calibrate(self) -> None:
         timer = self.router.timer
         drain = getattr(self.backend, "step_timings", None)  # only engines that measure
-        if drain is None or not isinstance(timer, CalibratedTimer):
+        if drain is None or not isinstance(timer, FittedStepTimer):
             return
         for t in drain():
             if not t.prefill:  # the cost model describes decode steps

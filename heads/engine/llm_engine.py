@@ -59,7 +59,7 @@ class HeadLoad:
 
 @dataclass(frozen=True, slots=True)
 class StepTiming:
-    """One measured step, for the router's cost calibration (router.calibration)."""
+    """One measured step, for the router's cost calibration (router.step_time_fit)."""
 
     prefill: bool
     groups: tuple[tuple[str, int, float], ...]  # (head, requests, mean context tokens)

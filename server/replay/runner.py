@@ -30,13 +30,13 @@ from heads.engine.config import EngineConfig
 from heads.engine.llm_engine import GenerationRequest, LocalEngine, StepTiming
 from heads.prompt_encoder import PromptEncoder
 from kernels.sampling_params import RowParams
-from router.calibration import CalibratedTimer, StepSample
 from router.cost import StepTimer
 from router.profiles import HeadProfile, HeadTokens, RequestFeatures
 from router.router import Router
 from router.simulate.engine import SimResult
 from router.simulate.traces import SimRequest
 from router.state import LiveState
+from router.step_time_fit import FittedStepTimer, StepSample
 from server.replay.prompts import for_language
 from server.replay.quality import continuation_bits
 
@@ -220,5 +220,5 @@ def _account(out: ReplayResult, t: StepTiming, regime: str, timer: StepTimer) ->
         out.result.max_batch = max(out.result.max_batch, sum(n for _, n, _ in t.groups))
         sample = StepSample(t.groups, t.seconds)
         out.decode_steps.append(sample)
-        if isinstance(timer, CalibratedTimer):  # live calibration, as the gateway does
+        if isinstance(timer, FittedStepTimer):  # live calibration, as the gateway does
             timer.record(sample)
