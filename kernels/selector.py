@@ -22,7 +22,7 @@ KERNELS = ("fused", "chunked", "split")
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class KernelChoice:
     kernel: str  # one of KERNELS
     b_star: float  # crossover group size; inf: streaming always wins
     source: str  # "calibration" | "roofline" | "split_only"
@@ -49,11 +49,11 @@ def crossover(
 def choose(
     b: int, vocab: int, d: int, dtype: str, mode: str, device: DeviceSpec,
     calibration: CrossoverCalibration | None = None,
-) -> Plan:
+) -> KernelChoice:
     """Stateless choice: split iff b >= b*."""
     b_star, source = crossover(vocab, d, dtype, mode, device, calibration)
     kernel = "split" if b >= b_star else stream_kernel(device)
-    return Plan(kernel, b_star, source)
+    return KernelChoice(kernel, b_star, source)
 
 
 class Selector:
@@ -72,7 +72,7 @@ class Selector:
         self._lock = threading.Lock()
 
     def choose(self, b: int, vocab: int, d: int, dtype: str, mode: str,
-               device: DeviceSpec) -> Plan:
+               device: DeviceSpec) -> KernelChoice:
         key = (vocab, d, dtype, mode, device.name)
         with self._lock:
             if key not in self._crossovers:
@@ -80,7 +80,7 @@ class Selector:
             b_star, source = self._crossovers[key]
             kernel = self._pick(key, b, b_star, device)
             self._last[key] = kernel
-        return Plan(kernel, b_star, source)
+        return KernelChoice(kernel, b_star, source)
 
     def _pick(self, key: tuple, b: int, b_star: float, device: DeviceSpec) -> str:
         stream = stream_kernel(device)

@@ -17,7 +17,7 @@ class ChoiceJob:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class RequestPlan:
     request_id: str
     kind: str  # "completion" | "chat"
     route: str  # "/v1/completions" | "/v1/chat/completions"
