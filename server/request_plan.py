@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from heads.engine.llm_engine import GenerationRequest
 from heads.prompt_encoder import EncodedPrompt
-from router.policy import Decision
+from router.policy.base import Decision
 
 
 @dataclass(frozen=True, slots=True)

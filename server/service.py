@@ -20,7 +20,7 @@ from heads.prompt_encoder import EncodedPrompt, HeadPrompt, PromptEncoder
 from heads.tokenizer import HeadTokenizer
 from kernels.sampling_params import RowParams
 from router.admission import Ticket
-from router.policy import Decision
+from router.policy.base import Decision
 from router.profiles import HeadTokens, RequestFeatures
 from router.router import Router
 from router.state import LiveState
