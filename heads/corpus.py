@@ -18,7 +18,6 @@ import hashlib
 import html.parser
 import json
 import logging
-import os
 import re
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from heads.errors import CorpusError
+from kernels.cache_paths import downloads_dir
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +54,6 @@ class SourceSummary:
     documents: dict[str, int]  # per split
     bytes: dict[str, int]  # UTF-8 bytes per split
     language: str = "en"
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("POLYHEAD_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "polyhead"
-
-
-def default_corpus_dir() -> Path:
-    return cache_dir() / "corpus"
 
 
 def split_of(source: str, key: str) -> str:
@@ -314,7 +305,7 @@ def build_corpus(out: Path, files: list[Path] | None = None,
                 raise CorpusError(f"{path}: not a file")
             summaries.append(write_splits(source_name(path), _file_docs(path), out, str(path)))
     else:
-        downloads = downloads or cache_dir() / "downloads"
+        downloads = downloads or downloads_dir()
         for src in select_sources(languages, names):
             root = fetch_source(src, downloads)
             origin = (f"deb:{src.package}={src.version}" if src.kind == "deb"

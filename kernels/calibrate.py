@@ -20,7 +20,7 @@ from functools import partial
 import torch
 
 from kernels import chunked, split
-from kernels.calibration import Calibration, crossover_from_sweep, entry_key
+from kernels.crossover_calibration import CrossoverCalibration, crossover_from_sweep, entry_key
 from kernels.devices import DeviceSpec
 from kernels.dispatch import dtype_name
 from kernels.roofline import DTYPE_BYTES
@@ -57,8 +57,8 @@ def _call(fn: Callable[..., SampleOutput], hidden: torch.Tensor, batch: Sampling
 def calibrate(
     shapes: list[Shape], dtypes: list[torch.dtype], modes: list[str], device: DeviceSpec,
     torch_device: torch.device, b_max: int = 512, repeats: int = 5, stop_after: int = 2,
-) -> Calibration:
-    cal = Calibration(device.name, meta={
+) -> CrossoverCalibration:
+    cal = CrossoverCalibration(device.name, meta={
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": torch.__version__,
         "threads": torch.get_num_threads(), "repeats": repeats,
         "stream_kernel": stream_kernel(device), "heads": {s.name: s.vocab for s in shapes},

@@ -1,4 +1,4 @@
-"""Runs a selector Plan: the one entry point the engine calls per head group."""
+"""Runs a selector KernelChoice: the one entry point the engine calls per head group."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from kernels.devices import DeviceSpec, detect_cpu, device_for_gpu_name
 from kernels.packed_rows import PackedRows
 from kernels.roofline import SPLIT_ONLY
 from kernels.sampling_params import SampleOutput, SamplingBatch
-from kernels.selector import Plan
+from kernels.selector import KernelChoice
 from kernels.streaming import K_MAX
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def device_spec(device: torch.device) -> DeviceSpec:
 
 
 def run_plan(
-    plan: Plan, hidden: torch.Tensor, weight: torch.Tensor, batch: SamplingBatch,
+    plan: KernelChoice, hidden: torch.Tensor, weight: torch.Tensor, batch: SamplingBatch,
     bias: torch.Tensor | None = None, packed: PackedRows | None = None,
 ) -> SampleOutput:
     """`packed`: weight's rows in oneDNN blocks, for the CPU kernels (ignored on GPU)."""

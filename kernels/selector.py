@@ -12,7 +12,7 @@ import math
 import threading
 from dataclasses import dataclass
 
-from kernels.calibration import Calibration
+from kernels.crossover_calibration import CrossoverCalibration
 from kernels.devices import DeviceSpec
 from kernels.roofline import SPLIT_ONLY, roofline_crossover
 
@@ -22,7 +22,7 @@ KERNELS = ("fused", "chunked", "split")
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class KernelChoice:
     kernel: str  # one of KERNELS
     b_star: float  # crossover group size; inf: streaming always wins
     source: str  # "calibration" | "roofline" | "split_only"
@@ -34,7 +34,7 @@ def stream_kernel(device: DeviceSpec) -> str:
 
 def crossover(
     vocab: int, d: int, dtype: str, mode: str, device: DeviceSpec,
-    calibration: Calibration | None = None,
+    calibration: CrossoverCalibration | None = None,
 ) -> tuple[float, str]:
     if mode == SPLIT_ONLY:
         return 1.0, SPLIT_ONLY
@@ -48,12 +48,12 @@ def crossover(
 
 def choose(
     b: int, vocab: int, d: int, dtype: str, mode: str, device: DeviceSpec,
-    calibration: Calibration | None = None,
-) -> Plan:
+    calibration: CrossoverCalibration | None = None,
+) -> KernelChoice:
     """Stateless choice: split iff b >= b*."""
     b_star, source = crossover(vocab, d, dtype, mode, device, calibration)
     kernel = "split" if b >= b_star else stream_kernel(device)
-    return Plan(kernel, b_star, source)
+    return KernelChoice(kernel, b_star, source)
 
 
 class Selector:
@@ -62,7 +62,7 @@ class Selector:
     Thread-safe; crossovers are cached per (V, d, dtype, mode, device).
     """
 
-    def __init__(self, calibration: Calibration | None = None, hysteresis: float = 0.25):
+    def __init__(self, calibration: CrossoverCalibration | None = None, hysteresis: float = 0.25):
         if not 0 <= hysteresis < 1:
             raise ValueError(f"hysteresis must be in [0, 1), got {hysteresis}")
         self.calibration = calibration
@@ -72,7 +72,7 @@ class Selector:
         self._lock = threading.Lock()
 
     def choose(self, b: int, vocab: int, d: int, dtype: str, mode: str,
-               device: DeviceSpec) -> Plan:
+               device: DeviceSpec) -> KernelChoice:
         key = (vocab, d, dtype, mode, device.name)
         with self._lock:
             if key not in self._crossovers:
@@ -80,7 +80,7 @@ class Selector:
             b_star, source = self._crossovers[key]
             kernel = self._pick(key, b, b_star, device)
             self._last[key] = kernel
-        return Plan(kernel, b_star, source)
+        return KernelChoice(kernel, b_star, source)
 
     def _pick(self, key: tuple, b: int, b_star: float, device: DeviceSpec) -> str:
         stream = stream_kernel(device)

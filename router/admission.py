@@ -111,10 +111,6 @@ class Admission:
         self._released: deque[tuple[float, int]] = deque()  # (time, blocks) for the drain rate
         self._typical: deque[tuple[int, int]] = deque(maxlen=typical_window)
 
-    def set_budget(self, budget: KVBudget) -> None:
-        with self._lock:
-            self.budget = budget
-
     # --- sizing ---------------------------------------------------------------------------
 
     def expected_tokens(self, head: str, prompt_tokens: int, max_tokens: int,

@@ -16,7 +16,7 @@ s = weight bytes per parameter and B = Σ b_g (the backbone runs once for all gr
 The memory resources share one bus, so the optimistic floor maxes their *sum* against
 compute (a max over the separate reads would not be a floor any device reaches); the
 pessimistic floor sums everything (no overlap at all). Both add the per-step launch overhead.
-Uncalibrated, the estimate is their midpoint; `router.calibration` fits measured steps.
+Uncalibrated, the estimate is their midpoint; `router.step_time_fit` fits measured steps.
 
     C_infer(V, B)     = step_time ÷ (B · bytes_per_token)         device-s per served byte
     C_train(V)        = 6·(N + V·d) ÷ F ÷ bytes_per_token         device-s per training byte

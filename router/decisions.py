@@ -6,7 +6,7 @@ import logging
 import threading
 from collections import deque
 
-from router.policy import Decision
+from router.policy.base import Decision
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from router.policies import Choice
-from router.policy_spec import GuardParams
+from router.policy.builtin import Choice
+from router.policy.spec import GuardParams
 from router.profiles import HeadProfile, RequestFeatures
 from router.quality import HeadQuality
 from router.stability import Clock, Stabilizer
@@ -34,7 +34,7 @@ ELIGIBLE, EXCLUDED = "eligible", "excluded"
 
 
 class Guarded(Protocol):
-    """router.policy.Policy, restated: policy.py builds guards, so it cannot be imported."""
+    """router.policy.base.Policy, restated: router.policy.build builds guards from it."""
 
     @property
     def name(self) -> str: ...

@@ -17,8 +17,10 @@ from router.cost import AnalyticTimer, StepTimer
 from router.decisions import DEFAULT_CAPACITY, DecisionLog
 from router.devices import DeviceSpec
 from router.errors import HeadUnavailable, RouterError, UnknownHead, VersionConflict
-from router.policies import Choice, live_batch
-from router.policy import Decision, Policy, PolicySpec, build_policy, inputs_of, parse_policy
+from router.policy.base import Decision, Policy, inputs_of
+from router.policy.build import build_policy
+from router.policy.builtin import Choice, live_batch
+from router.policy.spec import PolicySpec, parse_policy
 from router.profiles import HeadProfile, RequestFeatures
 from router.segmentation import DEFAULT_FIT, PenaltyFit, excluded_by_bound, penalties
 from router.stability import Clock

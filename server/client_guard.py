@@ -10,9 +10,9 @@ from server.auth import KeyRing, bearer
 from server.errors import BadRequest, TooManyRequests, Unauthorized
 from server.generation import Outcome
 from server.metrics import Metrics
-from server.plan import Plan
 from server.ratelimit import RateLimiter
 from server.redis_state import BufferedCounters
+from server.request_plan import RequestPlan
 from server.schemas import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class ClientGuard:
             raise BadRequest(f"prompt is {size} bytes; the limit is {self.max_prompt_bytes}",
                              param=param)
 
-    async def admit(self, client: str, plan: Plan) -> Charge:
+    async def admit(self, client: str, plan: RequestPlan) -> Charge:
         """Charge the request to the client's budget: 429 with Retry-After when over it.
         The charge assumes every choice runs to max_tokens; `settle` corrects it."""
         tokens = plan.prompt_tokens + sum(j.request.max_tokens for j in plan.jobs)
@@ -82,7 +82,7 @@ class ClientGuard:
                                   {"requests": 1, "prompt_tokens": plan.prompt_tokens})
         return charge
 
-    async def settle(self, charge: Charge, plan: Plan, outcomes: list[Outcome]) -> None:
+    async def settle(self, charge: Charge, plan: RequestPlan, outcomes: list[Outcome]) -> None:
         """When the request ends: give the tokens it did not use back to the rate limit,
         and count the ones generated. Never raises (the answer is already on its way)."""
         completion = sum(o.completion_tokens for o in outcomes)

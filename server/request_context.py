@@ -58,8 +58,3 @@ def add_engine_time(seconds: float) -> None:
     ctx = _current.get()
     if ctx is not None:
         ctx.engine_s = max(ctx.engine_s, seconds)
-
-
-def engine_time() -> float:
-    ctx = _current.get()
-    return ctx.engine_s if ctx else 0.0

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from server.generation import Outcome
 from server.metrics import Metrics
-from server.plan import Plan
+from server.request_plan import RequestPlan
 
 
-def observe_choices(metrics: Metrics, plan: Plan, outcomes: list[Outcome]) -> None:
+def observe_choices(metrics: Metrics, plan: RequestPlan, outcomes: list[Outcome]) -> None:
     itl = metrics.itl.labels(plan.head)
     for o in outcomes:
         for gap in o.itl:

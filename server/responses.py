@@ -1,4 +1,4 @@
-"""OpenAI response bodies and SSE chunks, built from a Plan and its deltas."""
+"""OpenAI response bodies and SSE chunks, built from a RequestPlan and its deltas."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 from server.errors import sse_error, to_api_error
 from server.generation import Delta, Outcome
-from server.plan import Plan
+from server.request_plan import RequestPlan
 
 
-def usage(plan: Plan, outcomes: list[Outcome]) -> dict:
+def usage(plan: RequestPlan, outcomes: list[Outcome]) -> dict:
     completion = sum(o.completion_tokens for o in outcomes)
     # Prompts count once however many choices they have, so cached tokens do too: per prompt,
     # the most any of its choices got from the prefix cache.
@@ -41,7 +41,7 @@ def _chat_logprobs(lps: list[float], tokens: list[str]) -> dict:
 class Collector:
     """Gathers deltas per choice for a non-streaming response."""
 
-    def __init__(self, plan: Plan, token_text) -> None:  # token_text: ids -> list[str]
+    def __init__(self, plan: RequestPlan, token_text) -> None:  # token_text: ids -> list[str]
         self.plan = plan
         self.token_text = token_text
         n = len(plan.jobs)
@@ -77,7 +77,7 @@ class Collector:
                 "choices": choices, "usage": usage(p, outcomes)}
 
 
-def _chunk(plan: Plan, choices: list[dict], usage_block: dict | None = None) -> str:
+def _chunk(plan: RequestPlan, choices: list[dict], usage_block: dict | None = None) -> str:
     obj = "text_completion" if plan.kind == "completion" else "chat.completion.chunk"
     body = {"id": plan.request_id, "object": obj, "created": plan.created, "model": plan.model,
             "choices": choices}
@@ -87,7 +87,7 @@ def _chunk(plan: Plan, choices: list[dict], usage_block: dict | None = None) -> 
 
 
 async def sse_stream(
-    plan: Plan, deltas: AsyncIterator[Delta], outcomes: list[Outcome], token_text
+    plan: RequestPlan, deltas: AsyncIterator[Delta], outcomes: list[Outcome], token_text
 ) -> AsyncIterator[str]:
     started: set[int] = set()
     try:

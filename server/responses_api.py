@@ -11,7 +11,7 @@ from typing import Any
 
 from server.errors import BadRequest, error_body, to_api_error
 from server.generation import Delta, Outcome
-from server.plan import Plan
+from server.request_plan import RequestPlan
 from server.schemas import IGNORED_FIELDS, ChatCompletionRequest, ResponsesRequest
 
 ROLES = ("system", "developer", "user", "assistant")
@@ -74,7 +74,7 @@ def to_chat(body: ResponsesRequest) -> ChatCompletionRequest:
 class ResponseBuilder:
     """The Response object, in progress or final, for one plan (one choice)."""
 
-    def __init__(self, plan: Plan, body: ResponsesRequest) -> None:
+    def __init__(self, plan: RequestPlan, body: ResponsesRequest) -> None:
         self.plan, self.body = plan, body
         self.id = "resp_" + plan.request_id.split("-", 1)[-1]
         self.item_id = "msg_" + secrets.token_hex(12)
@@ -114,7 +114,7 @@ class ResponseBuilder:
         return out
 
 
-async def response_events(plan: Plan, body: ResponsesRequest, deltas: AsyncIterator[Delta],
+async def response_events(plan: RequestPlan, body: ResponsesRequest, deltas: AsyncIterator[Delta],
                           outcomes: list[Outcome]) -> AsyncIterator[str]:
     """The Responses stream: typed events, each with a sequence number; errors in-band."""
     rb = ResponseBuilder(plan, body)

@@ -23,8 +23,8 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from router.admission import Admission, KVBudget, OutputRatio
-from router.calibration import CalibratedTimer
 from router.compression import split_key
+from router.step_time_fit import FittedStepTimer
 from router.store import PolicySync, StateSync
 from server.admission_gate import AdmissionGate
 from server.drain_sync import DrainSync
@@ -155,7 +155,7 @@ def refresh_routing_metrics(svc: GatewayService, m: Metrics) -> None:
         m.kv_reserved_blocks.set(gate.admission.reserved_blocks)
         m.admission_queue.set(gate.waiting)
     timer = svc.router.timer
-    fit = timer.fit if isinstance(timer, CalibratedTimer) else None
+    fit = timer.fit if isinstance(timer, FittedStepTimer) else None
     if fit is not None:
         for name in ("overhead_s", "mem_scale", "cmp_scale", "rms_rel_error", "samples"):
             m.calibration.labels(name).set(getattr(fit, name))

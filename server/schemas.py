@@ -254,14 +254,3 @@ class PolicyDocument(RequestBody):
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
     guard: dict[str, Any] | None = None  # quality guard (router.guard); null: none
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails | None = None

@@ -20,20 +20,20 @@ from heads.prompt_encoder import EncodedPrompt, HeadPrompt, PromptEncoder
 from heads.tokenizer import HeadTokenizer
 from kernels.row_params import RowParams
 from router.admission import Ticket
-from router.calibration import CalibratedTimer, StepSample
-from router.policy import Decision
+from router.policy.base import Decision
 from router.profiles import HeadTokens, RequestFeatures
 from router.router import Router
 from router.state import LiveState
+from router.step_time_fit import FittedStepTimer, StepSample
 from server.admission_gate import AdmissionGate
 from server.backends.base import Backend
 from server.chat_template import render_chat
 from server.errors import BadRequest, NotFound
 from server.generation import Delta, Outcome, generate_text
 from server.metrics import Metrics
-from server.plan import ChoiceJob, Plan
 from server.prompt_bpb import PromptBpbConfig, record
 from server.request_context import current_request_id
+from server.request_plan import ChoiceJob, RequestPlan
 from server.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -103,7 +103,7 @@ class GatewayService:
             )
         return head
 
-    def plan_completion(self, body: CompletionRequest, session: str | None = None) -> Plan:
+    def plan_completion(self, body: CompletionRequest, session: str | None = None) -> RequestPlan:
         """`session`: the client's conversation id (x-session-id), for session affinity."""
         self._reject_unsupported(body)
         if body.echo or body.suffix is not None or (body.best_of or 1) > 1:
@@ -121,7 +121,7 @@ class GatewayService:
                           chat=False, logprobs=body.logprobs is not None, session=session)
 
     def _plan_token_ids(self, body: CompletionRequest, prompts: list[list[int]],
-                        session: str | None) -> Plan:
+                        session: str | None) -> RequestPlan:
         """A prompt given as token ids: they mean something under one head's tokenizer
         only, so the request must pin it. Planned as its decoded text (routing, limits),
         then run on exactly the ids sent (no BOS added), which usage counts."""
@@ -161,7 +161,7 @@ class GatewayService:
         return dataclasses.replace(plan, jobs=jobs, encoded=encoded,
                                    prompt_tokens=sum(len(p) for p in prompts))
 
-    def plan_chat(self, body: ChatCompletionRequest, session: str | None = None) -> Plan:
+    def plan_chat(self, body: ChatCompletionRequest, session: str | None = None) -> RequestPlan:
         self._reject_unsupported(body)
         if body.tools or body.tool_choice not in (None, "none"):
             raise BadRequest("tool calling is not supported", param="tools")
@@ -184,7 +184,7 @@ class GatewayService:
     def _plan(
         self, kind: str, route: str, body: SamplingFields, texts: list[str], *,
         chat: bool, logprobs: bool, max_tokens: int | None = None, session: str | None = None,
-    ) -> Plan:
+    ) -> RequestPlan:
         started = time.perf_counter()
         pinned = self.pinned_head(body.model)
         max_tokens = max_tokens or body.max_tokens or self.limits.default_max_tokens
@@ -213,7 +213,7 @@ class GatewayService:
         for head in decision.request.get("excluded", {}):
             self.metrics.quality_excluded.labels(head).inc()
         log.debug("request %s -> head %s: %s", request_id, decision.head, decision.reason)
-        return Plan(request_id, kind, route, int(time.time()), body.model, decision,
+        return RequestPlan(request_id, kind, route, int(time.time()), body.model, decision,
                     encoded.heads[decision.head].tokens, encoded.prompt_bytes, tuple(jobs),
                     logprobs, bool(body.stream_options and body.stream_options.include_usage),
                     started, encoded, chat)
@@ -270,7 +270,7 @@ class GatewayService:
 
     # --- KV admission -----------------------------------------------------------------------
 
-    def _footprint(self, plan: Plan, head: str | None = None) -> int:
+    def _footprint(self, plan: RequestPlan, head: str | None = None) -> int:
         """KV blocks the plan's choices are expected to hold on `head` (default: its own),
         counted in that head's tokens of the prompt and its predicted output bytes/token."""
         assert self.admission is not None
@@ -283,7 +283,7 @@ class GatewayService:
     def _used_blocks(self) -> int:
         return self.backend.kv_blocks()[0]
 
-    async def admit(self, plan: Plan) -> Plan:
+    async def admit(self, plan: RequestPlan) -> RequestPlan:
         """Reserve the plan's expected KV blocks: now, on another head if the policy allows
         spill, or after a bounded wait; else AdmissionRejected (429 with Retry-After)."""
         gate = self.admission
@@ -298,7 +298,7 @@ class GatewayService:
         self._tickets[plan.request_id] = ticket
         return plan
 
-    def _spill(self, plan: Plan, gate: AdmissionGate) -> tuple[Plan, Ticket | None]:
+    def _spill(self, plan: RequestPlan, gate: AdmissionGate) -> tuple[RequestPlan, Ticket | None]:
         costs = plan.decision.costs
         excluded = plan.decision.request.get("excluded", {})
         others = sorted((h for h in self.router.routable() if h != plan.head
@@ -321,7 +321,7 @@ class GatewayService:
                 return dataclasses.replace(moved, decision=decision), ticket
         return plan, None
 
-    def _release(self, plan: Plan, outcomes: list[Outcome], status: str) -> None:
+    def _release(self, plan: RequestPlan, outcomes: list[Outcome], status: str) -> None:
         ticket = self._tickets.pop(plan.request_id, None)
         if ticket is None or self.admission is None:
             return
@@ -360,13 +360,13 @@ class GatewayService:
 
     def _calibrate(self) -> None:
         timer = self.router.timer
-        if not isinstance(timer, CalibratedTimer):
+        if not isinstance(timer, FittedStepTimer):
             return
         for t in self.backend.step_timings():  # empty unless the engine measures its steps
             if not t.prefill:  # the cost model describes decode steps
                 timer.record(StepSample(t.groups, t.seconds))
 
-    async def stream(self, plan: Plan, outcomes: list[Outcome]) -> AsyncIterator[Delta]:
+    async def stream(self, plan: RequestPlan, outcomes: list[Outcome]) -> AsyncIterator[Delta]:
         """Merge the plan's choices into one stream of deltas, in arrival order.
 
         `outcomes` (one per job) collects each choice's totals for the usage block.
@@ -408,7 +408,7 @@ class GatewayService:
             self._release(plan, outcomes, status)
             self._account(plan, outcomes, status)
 
-    def _account(self, plan: Plan, outcomes: list[Outcome], status: str) -> None:
+    def _account(self, plan: RequestPlan, outcomes: list[Outcome], status: str) -> None:
         m, head = self.metrics, plan.head
         m.requests.labels(plan.route, head, plan.decision.policy, status).inc()
         gen_tokens = sum(o.completion_tokens for o in outcomes)
@@ -431,7 +431,7 @@ class GatewayService:
             self.state.add_output(head, plan.encoded.script, gen_bytes, gen_tokens)
         self._account_prompt_bpb(plan, outcomes)
 
-    def _account_prompt_bpb(self, plan: Plan, outcomes: list[Outcome]) -> None:
+    def _account_prompt_bpb(self, plan: RequestPlan, outcomes: list[Outcome]) -> None:
         n = len(plan.jobs) // max(1, len(plan.encoded.texts))  # choices per prompt
         for job, o in zip(plan.jobs, outcomes, strict=True):
             if o.prompt_score is not None:

@@ -14,9 +14,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-
-def default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "polyhead"
+from kernels.cache_paths import default_cache_root
 
 
 class Settings(BaseSettings):
@@ -27,7 +25,7 @@ class Settings(BaseSettings):
     model: str = "gemma3-270m"
     # "auto": float32 on CPU, where bf16 GEMMs are slow and would need a per-step upcast.
     compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    cache_dir: Path = Field(default_factory=default_cache_dir)
+    cache_dir: Path = Field(default_factory=default_cache_root)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
 

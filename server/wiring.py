@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from heads.engine.config import EngineConfig
 from heads.manifest import Manifest
-from router.calibration import CalibratedTimer
-from router.calibration_file import timer_from_file
+from kernels.roofline import DTYPE_BYTES
 from router.devices import DeviceSpec, detect_cpu, lookup_device
 from router.profiles import HeadProfile
 from router.router import Router
 from router.state import LiveState
+from router.step_time_file import timer_from_file
+from router.step_time_fit import FittedStepTimer
 from server.settings import Settings
-
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def compute_dtype(settings: Settings) -> str:
@@ -22,7 +21,7 @@ def compute_dtype(settings: Settings) -> str:
 
 def head_profiles(manifest: Manifest, dtype: str | None = None) -> list[HeadProfile]:
     b = manifest.backbone
-    s = _DTYPE_BYTES[dtype or manifest.dtype]
+    s = DTYPE_BYTES[dtype or manifest.dtype]
     return [
         HeadProfile(
             name=h.name,
@@ -49,7 +48,7 @@ def build_router(manifest: Manifest, settings: Settings) -> tuple[Router, LiveSt
     state = LiveState.for_profiles(profiles, settings.batch_window_s, settings.prompt_bpb_alpha)
     device = device_spec(settings.device)
     # Calibrated: engine step times (fed by the service) replace the analytic midpoint.
-    timer = CalibratedTimer(device, profiles) if settings.calibrate else None
+    timer = FittedStepTimer(device, profiles) if settings.calibrate else None
     if timer is not None and settings.calibration_file is not None:
         timer = timer_from_file(settings.calibration_file, device, profiles)  # offline samples
     router = Router(profiles, device, state, settings.policy, timer=timer,

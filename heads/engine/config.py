@@ -7,10 +7,9 @@ from dataclasses import dataclass
 
 from heads.engine.kv_layout import KVLayout
 from heads.manifest import BackboneConfig
+from kernels.roofline import DTYPE_BYTES
 
 log = logging.getLogger(__name__)
-
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +62,7 @@ class EngineConfig:
 
     def kv_block_bytes(self, backbone: BackboneConfig, dtype: str) -> int:
         """Bytes of one block over all layers (block_size tokens of K and V)."""
-        return self.block_size * backbone.kv_bytes_per_token_per_elem * _DTYPE_BYTES[dtype]
+        return self.block_size * backbone.kv_bytes_per_token_per_elem * DTYPE_BYTES[dtype]
 
     def num_blocks(self, backbone: BackboneConfig, dtype: str) -> int:
         """Blocks in the pool, each of one KV group's layers (heads.engine.kv_layout)."""

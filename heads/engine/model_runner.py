@@ -19,7 +19,7 @@ from heads.engine.prompt_score import ScoreJob, score_prompts
 from heads.engine.sequence import Sequence
 from heads.engine.types import PromptScore
 from heads.model import MultiHeadModel
-from kernels.calibration import load_calibration
+from kernels.crossover_calibration import load_calibration
 from kernels.dispatch import batch_mode, device_spec, dtype_name, run_plan
 from kernels.packed_rows import PackedRows, RowPacker, packing_supported
 from kernels.sampling_params import SamplingBatch

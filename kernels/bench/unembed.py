@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from kernels import chunked, reference, split
-from kernels.calibration import load_calibration
+from kernels.crossover_calibration import load_calibration
 from kernels.devices import DeviceSpec
 from kernels.dispatch import batch_mode, dtype_name, run_plan
 from kernels.roofline import DTYPE_BYTES, roofline_bound_s

@@ -5,6 +5,6 @@ Pure Python; the YAML loader and the plot live in server/commands/plan.py.
 """
 
 from router.planner.forecast import Forecast, Regime, parse_forecast
-from router.planner.plan import Line, Plan, ScopePlan, plan
+from router.planner.plan import Line, ScopePlan, VocabPlan, plan
 
-__all__ = ["Forecast", "Line", "Plan", "Regime", "ScopePlan", "parse_forecast", "plan"]
+__all__ = ["Forecast", "Line", "Regime", "ScopePlan", "VocabPlan", "parse_forecast", "plan"]

@@ -83,7 +83,7 @@ class ScopePlan:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class VocabPlan:
     forecast: Forecast
     mix: ScopePlan
     regimes: tuple[ScopePlan, ...]
@@ -113,13 +113,13 @@ def _scope(name: str, share: float, hs: Sequence[HeadProfile], train: Sequence[f
     return ScopePlan(name, share, lines, lam)
 
 
-def plan(forecast: Forecast) -> Plan:
+def plan(forecast: Forecast) -> VocabPlan:
     hs = heads(forecast)
     train = [train_cost_per_byte(h, forecast.device) / forecast.mfu for h in hs]
     per_regime = [[regime_infer(h, r, forecast) for h in hs] for r in forecast.regimes]
     mixed = [sum(r.share * per_regime[k][j] for k, r in enumerate(forecast.regimes))
              for j in range(len(hs))]
-    result = Plan(
+    result = VocabPlan(
         forecast,
         _scope("mix", 1.0, hs, train, mixed, forecast.lam),
         tuple(_scope(r.name, r.share, hs, train, per_regime[k], forecast.lam)
@@ -158,7 +158,7 @@ def scope_json(s: ScopePlan, training_bytes: float | None, sweep: Sequence[float
     }
 
 
-def plan_json(p: Plan) -> dict:
+def plan_json(p: VocabPlan) -> dict:
     f = p.forecast
     return {
         "forecast": f.name, "device": f.device.name, "lambda": f.lam,

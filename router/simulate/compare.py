@@ -74,7 +74,7 @@ def compare(trace: Sequence[SimRequest], trace_name: str, device: DeviceSpec,
             kv: int | None = None, max_num_seqs: int = 256,
             score_timer: StepTimer | None = None, texts: Texts | None = None) -> list[Row]:
     """`timer`: the step times the router decides with (default: the analytic model on
-    `device`), e.g. a CalibratedTimer seeded from measured steps; `score_timer`: the step
+    `device`), e.g. a FittedStepTimer seeded from measured steps; `score_timer`: the step
     times charged (default: `timer`); `kv`: the KV budget in tokens (default: the device's
     memory); `texts`: per-language spelling per head (router.simulate.engine.Spelling)."""
     heads = [p.name for p in profiles]

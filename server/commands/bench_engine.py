@@ -114,8 +114,8 @@ def _local_scenarios(args: argparse.Namespace, model: Path, dtype: str | None, h
 def _write_calibration(args: argparse.Namespace, model: Path, dtype: str | None,
                        timings: list) -> None:
     from heads.manifest import Manifest
-    from router.calibration import StepSample
-    from router.calibration_file import StepSamples, timer_from_file, write_step_samples
+    from router.step_time_file import StepSamples, timer_from_file, write_step_samples
+    from router.step_time_fit import StepSample
     from server.wiring import device_spec, head_profiles
 
     manifest = Manifest.load(model)

@@ -40,11 +40,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _corpus_build(args: argparse.Namespace) -> None:
-    from heads.corpus import build_corpus, default_corpus_dir
+    from heads.corpus import build_corpus
+    from kernels.cache_paths import corpus_dir
     from server.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
-    out = args.out or default_corpus_dir()
+    out = args.out or corpus_dir()
     summaries = build_corpus(out, args.files, languages=args.languages, names=args.sources)
     print(f"{'source':<12}{'lang':<7}{'docs':>9}{'train MB':>10}{'heldout MB':>12}  origin")
     for s in summaries:
@@ -54,12 +55,13 @@ def _corpus_build(args: argparse.Namespace) -> None:
 
 
 def _corpus_samples(args: argparse.Namespace) -> None:
-    from heads.corpus import default_corpus_dir, select_sources
+    from heads.corpus import select_sources
     from heads.multilingual import SAMPLES_DIR, write_samples
+    from kernels.cache_paths import corpus_dir
     from server.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
-    corpus = args.corpus or default_corpus_dir()
+    corpus = args.corpus or corpus_dir()
     # English comes from the wiki source (the eval domain); other languages from their one
     # source each. Languages whose held-out split is not built are skipped.
     chosen = {"en": "wiki"} | {s.language: s.name for s in select_sources(["all"])

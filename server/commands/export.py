@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from server.settings import default_cache_dir
+from kernels.cache_paths import default_cache_root
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--out", type=Path, required=True)
     v.add_argument("--per-head", action="store_true",
                    help="the fallback: one stock model directory per head, under --out")
-    v.add_argument("--cache-dir", type=Path, default=default_cache_dir())
+    v.add_argument("--cache-dir", type=Path, default=default_cache_root())
     v.set_defaults(run=run)
 
 

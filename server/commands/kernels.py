@@ -46,7 +46,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     import torch
 
     from kernels.calibrate import Shape, calibrate
-    from kernels.calibration import save_calibration
+    from kernels.crossover_calibration import save_calibration
     from kernels.dispatch import device_spec
     from server.logging_setup import configure_logging
 

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from router.planner import Plan, ScopePlan, parse_forecast, plan
+from router.planner import ScopePlan, VocabPlan, parse_forecast, plan
 from router.planner.plan import plan_json
 from server.commands.errors import CliError
 
@@ -59,7 +59,7 @@ def print_scope(s: ScopePlan, bpt: dict[int, tuple[float, str]]) -> None:
     print(f"  optimal by λ: {env}")
 
 
-def print_plan(p: Plan) -> None:
+def print_plan(p: VocabPlan) -> None:
     f = p.forecast
     bb = f.backbone
     print(f"forecast {f.name}: device {f.device.name}, λ = {f.lam:g}, d = {bb.hidden_size}, "
@@ -75,13 +75,13 @@ def print_plan(p: Plan) -> None:
                 f"{_k(s.optimal_at(lam).vocab_size):>7}" for lam in f.sweep))
 
 
-def _lam_range(p: Plan) -> tuple[float, float]:
+def _lam_range(p: VocabPlan) -> tuple[float, float]:
     finite = [x for s in p.scopes for x in s.break_evens().values() if 0 < x < math.inf]
     points = [x for x in (*finite, p.forecast.lam, *p.forecast.sweep) if x > 0]
     return min([0.01, *points]) / 3, max([100.0, *points]) * 3
 
 
-def plot(p: Plan, path: Path) -> None:
+def plot(p: VocabPlan, path: Path) -> None:
     import matplotlib  # lazily: only the CLI draws
 
     matplotlib.use("Agg")

@@ -17,12 +17,12 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from router.calibration_file import read_step_samples, timer_from_file
 from router.cost import AnalyticTimer
 from router.devices import lookup_device
 from router.simulate.compare import POLICIES, Row, best_static, compare, write_csv
 from router.simulate.engine import Texts
 from router.simulate.traces import TRACES, SimRequest, load_trace
+from router.step_time_file import read_step_samples, timer_from_file
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from fastapi import APIRouter, Header, Query, Request
 
-from router.calibration import CalibratedTimer
 from router.errors import RouterError
 from router.quality import HeadQuality
 from router.router import Router
+from router.step_time_fit import FittedStepTimer
 from server.deps import AdminDep, AuditDep, MetricsDep, RouterDep, ServiceDep, SettingsDep
 from server.drain_sync import DrainSync
 from server.errors import Conflict, NotFound
@@ -94,7 +94,7 @@ def _calibration_view(r: Router, source: Path | None) -> dict:
         "device": dataclasses.asdict(device) if dataclasses.is_dataclass(device) else {},
         "file": str(source) if source is not None else None,
     }
-    if isinstance(r.timer, CalibratedTimer):
+    if isinstance(r.timer, FittedStepTimer):
         fit = r.timer.fit
         view["samples"] = r.timer.sample_count
         if fit is not None:

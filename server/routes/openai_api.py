@@ -15,9 +15,9 @@ from server.client_guard import ClientGuard
 from server.deps import ClientDep, GuardDep, ServiceDep
 from server.errors import BadRequest
 from server.generation import Outcome
-from server.plan import Plan
 from server.request_context import bind_request_id
 from server.request_metrics import observe_choices
+from server.request_plan import RequestPlan
 from server.responses import Collector, sse_stream
 from server.responses_api import ResponseBuilder, response_events, to_chat
 from server.schemas import ChatCompletionRequest, CompletionRequest, ResponsesRequest
@@ -62,7 +62,7 @@ async def responses(body: ResponsesRequest, request: Request, svc: ServiceDep,
     guard.check_shape(chat)
     plan = dataclasses.replace(svc.plan_chat(chat, session_id(request)), route="/v1/responses")
 
-    async def respond(plan: Plan, stream: bool, request: Request, svc: GatewayService,
+    async def respond(plan: RequestPlan, stream: bool, request: Request, svc: GatewayService,
                       extra_headers: dict[str, str],
                       settle: Callable[[list[Outcome]], Awaitable[None]]):
         outcomes = [Outcome() for _ in plan.jobs]
@@ -91,7 +91,7 @@ async def responses(body: ResponsesRequest, request: Request, svc: ServiceDep,
     return await _run(plan, chat, request, svc, client, guard, respond)
 
 
-async def _run(plan: Plan, body: CompletionRequest | ChatCompletionRequest, request: Request,
+async def _run(plan: RequestPlan, body: CompletionRequest | ChatCompletionRequest, request: Request,
                svc: GatewayService, client: str, guard: ClientGuard, respond=None):
     bind_request_id(plan.request_id)  # the log correlation id, unless the client sent one
     charge = await guard.admit(client, plan)  # rate limits: prompt + max_tokens, up front
@@ -111,7 +111,7 @@ async def _run(plan: Plan, body: CompletionRequest | ChatCompletionRequest, requ
                                        request.app.state.ignored_fields.headers(body), settle)
 
 
-async def _respond(plan: Plan, stream: bool, request: Request, svc: GatewayService,
+async def _respond(plan: RequestPlan, stream: bool, request: Request, svc: GatewayService,
                    extra_headers: dict[str, str],
                    settle: Callable[[list[Outcome]], Awaitable[None]]):
     outcomes = [Outcome() for _ in plan.jobs]
@@ -142,7 +142,7 @@ async def _respond(plan: Plan, stream: bool, request: Request, svc: GatewayServi
     return JSONResponse(collector.body(outcomes), headers={**plan.headers(), **extra_headers})
 
 
-async def _observed(chunks: AsyncIterator[str], plan: Plan, outcomes: list[Outcome],
+async def _observed(chunks: AsyncIterator[str], plan: RequestPlan, outcomes: list[Outcome],
                     svc: GatewayService, settle: Callable[[list[Outcome]], Awaitable[None]]
                     ) -> AsyncIterator[str]:
     try:

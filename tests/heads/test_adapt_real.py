@@ -14,19 +14,19 @@ from heads.adapt_data import DataConfig
 from heads.adapt_train import TrainConfig
 from heads.checkpoint import load_checkpoint
 from heads.evaluate import forward_hidden
-from heads.fetch import default_cache_dir
+from kernels.cache_paths import cache_root
 from server.model_source import resolve_model_dir
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-CORPUS = default_cache_dir() / "corpus"
+CORPUS = cache_root(expand_user=True) / "corpus"
 
 
 @pytest.fixture(scope="module")
 def demo() -> Path:
     if not (CORPUS / "wiki.train.txt").is_file():
         pytest.skip("needs the built corpus (polyhead corpus build)")
-    return resolve_model_dir("gemma3-270m", default_cache_dir())
+    return resolve_model_dir("gemma3-270m", cache_root(expand_user=True))
 
 
 def test_short_real_run_lowers_heldout_bpb(demo: Path, tmp_path: Path) -> None:

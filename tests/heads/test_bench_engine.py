@@ -55,7 +55,7 @@ def test_bench_engine_writes_calibration_that_simulate_loads(tiny_model_dir: Pat
     assert main(["bench", "engine", "--model", str(tiny_model_dir), "--batches", "1,2,4",
                  "--tokens", "4", "--backends", "local", "--out", str(tmp_path),
                  "--calibration-out", str(steps)]) == 0
-    from router.calibration_file import read_step_samples
+    from router.step_time_file import read_step_samples
 
     data = read_step_samples(steps)
     assert {h.name for h in data.heads} == {"1k", "4k", "8k"}

@@ -16,8 +16,9 @@ import torch
 
 from heads.attention import AttentionMetadata, allocate_kv_cache, slots_for
 from heads.checkpoint import Checkpoint, load_checkpoint
-from heads.fetch import default_cache_dir, fetch_gguf, fetch_model
+from heads.fetch import fetch_gguf, fetch_model
 from heads.model import MultiHeadModel
+from kernels.cache_paths import cache_root
 
 pytestmark = pytest.mark.model
 
@@ -74,7 +75,7 @@ def _fp32(ckpt: Checkpoint) -> MultiHeadModel:
 
 @pytest.fixture(scope="module")
 def cache() -> Path:
-    return default_cache_dir()
+    return cache_root(expand_user=True)
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import torch
 
 import router.devices
 from kernels import devices
-from kernels.calibration import (
-    Calibration,
+from kernels.crossover_calibration import (
+    CrossoverCalibration,
     crossover_from_sweep,
     entry_key,
     load_calibration,
@@ -61,19 +61,21 @@ def test_roofline_prefers_streaming_while_memory_bound() -> None:
 
 
 def test_choose_uses_calibration_then_roofline() -> None:
-    cal = Calibration("h200", {entry_key(32768, 640, "bfloat16", "sample"): {"b_star": 24.0}})
+    cal = CrossoverCalibration("h200",
+                               {entry_key(32768, 640, "bfloat16", "sample"): {"b_star": 24.0}})
     assert choose(16, 32768, 640, "bfloat16", "sample", H200, cal).kernel == "fused"
     plan = choose(32, 32768, 640, "bfloat16", "sample", H200, cal)
     assert (plan.kernel, plan.b_star, plan.source) == ("split", 24.0, "calibration")
     assert choose(1, 131072, 640, "bfloat16", "sample", H200, cal).source == "roofline"
     assert choose(1, 32768, 640, "bfloat16", "sample", CPU).kernel == "chunked"
     assert choose(1, 32768, 640, "bfloat16", SPLIT_ONLY, H200).kernel == "split"
-    never = Calibration("h200", {entry_key(8, 8, "float32", "greedy"): {"b_star": None}})
+    never = CrossoverCalibration("h200", {entry_key(8, 8, "float32", "greedy"): {"b_star": None}})
     assert choose(10**6, 8, 8, "float32", "greedy", H200, never).kernel == "fused"
 
 
 def test_selector_hysteresis_does_not_flap() -> None:
-    cal = Calibration("h200", {entry_key(32768, 640, "bfloat16", "sample"): {"b_star": 40.0}})
+    cal = CrossoverCalibration("h200",
+                               {entry_key(32768, 640, "bfloat16", "sample"): {"b_star": 40.0}})
     sel = Selector(cal, hysteresis=0.25)
 
     def pick(b: int) -> str:
@@ -97,8 +99,9 @@ def test_crossover_from_sweep() -> None:
 
 
 def test_calibration_round_trip(tmp_path: Path) -> None:
-    cal = Calibration("cpu:Test CPU", {entry_key(1, 2, "float32", "greedy"): {"b_star": None}},
-                      {"bw": 0.5})
+    cal = CrossoverCalibration("cpu:Test CPU",
+                               {entry_key(1, 2, "float32", "greedy"): {"b_star": None}},
+                               {"bw": 0.5})
     path = save_calibration(cal, tmp_path)
     assert path.name == "cpu-test-cpu.json"
     back = load_calibration("cpu:Test CPU", tmp_path)

@@ -9,7 +9,8 @@ import pytest
 from router.devices import DEVICES
 from router.errors import InvalidPolicy
 from router.guard import QualityGuard, estimate
-from router.policy import GuardParams, build_policy, parse_policy
+from router.policy.build import build_policy
+from router.policy.spec import GuardParams, parse_policy
 from router.profiles import RequestFeatures
 from router.quality import BpbTracker, HeadQuality, drift, drifted
 from router.router import Router

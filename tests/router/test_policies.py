@@ -6,15 +6,8 @@ import pytest
 
 from router.devices import DEVICES
 from router.errors import InvalidPolicy
-from router.policy import (
-    CostPolicy,
-    ThresholdParams,
-    ThresholdPolicy,
-    WeightedParams,
-    WeightedPolicy,
-    parse_policy,
-)
-from router.policy_spec import CostParams
+from router.policy.builtin import CostPolicy, ThresholdPolicy, WeightedPolicy
+from router.policy.spec import CostParams, ThresholdParams, WeightedParams, parse_policy
 from router.profiles import RequestFeatures
 from router.router import Router
 from router.stability import REASON_CODES

@@ -5,12 +5,8 @@ import pytest
 from router.cost import context_tokens, lifecycle_cost
 from router.devices import DEVICES
 from router.errors import InvalidPolicy
-from router.policy import (
-    LifecycleParams,
-    LifecyclePolicy,
-    PinnedPolicy,
-    parse_policy,
-)
+from router.policy.builtin import LifecyclePolicy, PinnedPolicy
+from router.policy.spec import LifecycleParams, parse_policy
 from router.profiles import RequestFeatures
 from router.state import LiveState
 from tests.router.helpers import heads
@@ -148,7 +144,7 @@ def test_sunk_training_costs_do_not_route() -> None:
     c = policy.decide(FEATS, state.snapshot(), heads())
     assert c.head == "262k"  # B=256 on an H100: the big head's compression wins
     cost = parse_policy({"name": "cost"}, HEADS)
-    from router.policy import build_policy
+    from router.policy.build import build_policy
     same = build_policy(cost, DEVICES["h100-sxm"]).decide(FEATS, state.snapshot(), heads())
     assert same.head == c.head and same.costs == pytest.approx(c.costs)
     # A head not yet paid for ranks behind every sunk one at λ = 0.

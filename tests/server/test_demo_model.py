@@ -18,8 +18,8 @@ from heads.engine.config import EngineConfig
 from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest
 from heads.evaluate import evaluate
-from heads.fetch import default_cache_dir
 from heads.tokenizer_training import DATA_DIR
+from kernels.cache_paths import cache_root
 from kernels.row_params import RowParams
 from server.model_source import resolve_model_dir
 from tests.conftest import Gateway, start_gateway, stop_gateway
@@ -33,7 +33,7 @@ BPB_BAND = 0.25
 
 @pytest.fixture(scope="module")
 def demo_dir() -> Path:
-    return resolve_model_dir("gemma3-270m", default_cache_dir())
+    return resolve_model_dir("gemma3-270m", cache_root(expand_user=True))
 
 
 @pytest.fixture(scope="module")

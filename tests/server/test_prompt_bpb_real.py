@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from heads.fetch import default_cache_dir
 from heads.tokenizer_training import DATA_DIR
+from kernels.cache_paths import cache_root
 from server.model_source import resolve_model_dir
 from tests.conftest import ADMIN_TOKEN, Gateway, start_gateway, stop_gateway
 from tests.server.metrics_util import scrape
@@ -31,7 +31,7 @@ BOUND = 2.5
 
 @pytest.fixture(scope="module")
 def demo_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    demo = resolve_model_dir("gemma3-270m", default_cache_dir())
+    demo = resolve_model_dir("gemma3-270m", cache_root(expand_user=True))
     gw = start_gateway(Path(demo), tmp_path_factory.mktemp("bpb") / "gw.log",
                        POLYHEAD_TORCH_THREADS="2", POLYHEAD_KV_CACHE_MB="64",
                        POLYHEAD_ADMIN_TOKEN=ADMIN_TOKEN, POLYHEAD_PROMPT_BPB_ALPHA="0.5",

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from heads.checkpoint import load_checkpoint
 from heads.manifest import Manifest
-from router.calibration import CalibratedTimer
-from router.calibration_file import StepSamples, write_step_samples
 from router.simulate.traces import SimRequest
+from router.step_time_file import StepSamples, write_step_samples
+from router.step_time_fit import FittedStepTimer
 from server.bench.replay.report import regime_table, table, targets, write_csv
 from server.bench.replay.runner import ReplayConfig
 from server.bench.replay.session import replay_all
@@ -48,7 +48,7 @@ def test_replay_every_policy_and_static_head(tiny_model_dir: Path, tmp_path: Pat
 
 def test_serve_settings_seed_the_router_from_a_calibration_file(tiny_model_dir: Path,
                                                                 tmp_path: Path) -> None:
-    from router.calibration import StepSample
+    from router.step_time_fit import StepSample
 
     manifest = Manifest.load(tiny_model_dir)
     profiles = head_profiles(manifest, "float32")
@@ -57,6 +57,6 @@ def test_serve_settings_seed_the_router_from_a_calibration_file(tiny_model_dir: 
     path = write_step_samples(tmp_path / "steps.json",
                               StepSamples(device_spec("auto"), tuple(profiles), samples))
     router, _ = build_router(manifest, Settings(calibration_file=path, cache_dir=tmp_path))
-    assert isinstance(router.timer, CalibratedTimer) and router.timer.sample_count == 9
+    assert isinstance(router.timer, FittedStepTimer) and router.timer.sample_count == 9
     router, _ = build_router(manifest, Settings(cache_dir=tmp_path))
-    assert isinstance(router.timer, CalibratedTimer) and router.timer.sample_count == 0
+    assert isinstance(router.timer, FittedStepTimer) and router.timer.sample_count == 0

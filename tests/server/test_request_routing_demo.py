@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from heads.fetch import default_cache_dir
 from heads.multilingual import prose_paragraphs, sample
+from kernels.cache_paths import cache_root
 from server.model_source import resolve_model_dir
 from tests.conftest import ADMIN_TOKEN, Gateway, start_gateway, stop_gateway
 
@@ -22,7 +22,7 @@ ENGLISH = ("The river rises in the hills north of the town and flows south throu
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    demo = resolve_model_dir("gemma3-270m", default_cache_dir())
+    demo = resolve_model_dir("gemma3-270m", cache_root(expand_user=True))
     gw = start_gateway(demo, tmp_path_factory.mktemp("routing") / "gw.log",
                        POLYHEAD_TORCH_THREADS="2", POLYHEAD_KV_CACHE_MB="64",
                        POLYHEAD_ADMIN_TOKEN=ADMIN_TOKEN,

@@ -23,10 +23,10 @@ def test_bench_router_quick(tmp_path) -> None:
 def test_simulate_multilingual_charges_measured_steps(tmp_path, capsys, tiny_model_dir) -> None:
     """Routed by the analytic model, charged both by it and by measured step times."""
     from heads.checkpoint import load_metadata
-    from router.calibration import StepSample
-    from router.calibration_file import StepSamples, write_step_samples
     from router.cost import Group, mixed_step_cost
     from router.devices import DEVICES
+    from router.step_time_file import StepSamples, write_step_samples
+    from router.step_time_fit import StepSample
     from server.wiring import head_profiles
 
     profiles = head_profiles(load_metadata(tiny_model_dir)[0], "float32")

@@ -10,7 +10,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from heads.fetch import default_cache_dir
+from kernels.cache_paths import cache_root
 from server.model_source import resolve_model_dir
 from tests.conftest import Gateway, start_gateway, stop_gateway
 from tests.vllm_util import STARTUP_S
@@ -23,7 +23,7 @@ PROMPT = "Once upon a time"
 
 @pytest.fixture(scope="module")
 def demo_dir() -> Path:
-    return resolve_model_dir("gemma3-270m", default_cache_dir())
+    return resolve_model_dir("gemma3-270m", cache_root(expand_user=True))
 
 
 def _gateway(demo_dir: Path, tmp: Path, **env: str) -> Gateway:

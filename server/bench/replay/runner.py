@@ -31,13 +31,13 @@ from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest, StepTiming
 from heads.prompt_encoder import PromptEncoder
 from kernels.row_params import RowParams
-from router.calibration import CalibratedTimer, StepSample
 from router.cost import StepTimer
 from router.profiles import HeadProfile, HeadTokens, RequestFeatures
 from router.router import Router
 from router.simulate.engine import SimResult
 from router.simulate.traces import SimRequest
 from router.state import LiveState
+from router.step_time_fit import FittedStepTimer, StepSample
 from server.bench.replay.prompts import for_language
 from server.bench.replay.quality import continuation_bits
 
@@ -221,5 +221,5 @@ def _account(out: ReplayResult, t: StepTiming, regime: str, timer: StepTimer) ->
         out.result.max_batch = max(out.result.max_batch, sum(n for _, n, _ in t.groups))
         sample = StepSample(t.groups, t.seconds)
         out.decode_steps.append(sample)
-        if isinstance(timer, CalibratedTimer):  # live calibration, as the gateway does
+        if isinstance(timer, FittedStepTimer):  # live calibration, as the gateway does
             timer.record(sample)

@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from heads.checkpoint import Checkpoint
-from router.calibration import CalibratedTimer
-from router.calibration_file import seed_timer, timer_from_file
 from router.cost import AnalyticTimer, StepTimer
 from router.simulate.compare import compare, policy_doc
 from router.simulate.traces import SimRequest
+from router.step_time_file import seed_timer, timer_from_file
+from router.step_time_fit import FittedStepTimer
 from server.bench.replay.prompts import spellings
 from server.bench.replay.report import Compared
 from server.bench.replay.runner import ReplayConfig, Replayer, ReplayResult
@@ -43,7 +43,7 @@ async def replay_all(ckpt: Checkpoint, trace: Sequence[SimRequest], policies: Se
         # As the gateway: calibrated live from the engine's steps, seeded from the file.
         if calibration is not None:
             return timer_from_file(calibration, device, profiles)
-        return CalibratedTimer(device, profiles)
+        return FittedStepTimer(device, profiles)
 
     replayer = Replayer(ckpt, profiles, cfg, new_timer)
     await replayer.warm_up()
@@ -69,7 +69,7 @@ async def replay_all(ckpt: Checkpoint, trace: Sequence[SimRequest], policies: Se
     finally:
         await replayer.close()
 
-    fitted = CalibratedTimer(device, profiles)
+    fitted = FittedStepTimer(device, profiles)
     seed_timer(fitted, (s for res in real.values() for s in res.decode_steps))
     start: StepTimer = (timer_from_file(calibration, device, profiles) if calibration
                         else AnalyticTimer(device))

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from router.calibration import CalibratedTimer, StepSample
 from router.cost import Group, mixed_step_cost
 from router.devices import DEVICES
+from router.step_time_fit import FittedStepTimer, StepSample
 from tests.router.helpers import heads
 
 DEV = DEVICES["a100-80"]
@@ -18,7 +18,7 @@ def _true_time(groups: list[Group]) -> float:
 
 def test_fit_recovers_efficiencies_and_predicts_unmeasured_shapes() -> None:
     profiles = heads()
-    timer = CalibratedTimer(DEV, profiles)
+    timer = FittedStepTimer(DEV, profiles)
     unmeasured = [Group(profiles[2], 48, 3000.0)]
     assert timer.fit is None
     assert timer.step_time(unmeasured) == mixed_step_cost(unmeasured, DEV).estimate_s
@@ -37,7 +37,7 @@ def test_fit_recovers_efficiencies_and_predicts_unmeasured_shapes() -> None:
 
 def test_measured_shape_uses_its_own_smoothed_time() -> None:
     profiles = heads()
-    timer = CalibratedTimer(DEV, profiles)
+    timer = FittedStepTimer(DEV, profiles)
     timer.record(StepSample((("32k", 4, 500.0),), 0.010))
     timer.record(StepSample((("32k", 4, 510.0),), 0.020))  # same context bucket
     assert timer.step_time([Group(profiles[0], 4, 505.0)]) == pytest.approx(0.012)

@@ -62,7 +62,7 @@ def _solve3(a: list[list[float]], b: list[float]) -> list[float] | None:
 
 
 @dataclass(frozen=True, slots=True)
-class Fit:
+class StepTimeFit:
     overhead_s: float
     mem_scale: float  # 1 / achieved fraction of peak bandwidth
     cmp_scale: float  # 1 / achieved fraction of peak FLOP/s
@@ -70,7 +70,7 @@ class Fit:
     rms_rel_error: float
 
 
-class CalibratedTimer:
+class FittedStepTimer:
     """A StepTimer that learns from measured steps; thread-safe."""
 
     def __init__(self, device: DeviceSpec, heads: Iterable = ()) -> None:
@@ -79,7 +79,7 @@ class CalibratedTimer:
         self._lock = threading.Lock()
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=MAX_SAMPLES)
         self._shapes: dict[tuple, float] = {}
-        self._fit: Fit | None = None
+        self._fit: StepTimeFit | None = None
         self._dirty = False
         self._recorded = 0  # samples accepted so far (the deque keeps the last MAX_SAMPLES)
 
@@ -88,7 +88,7 @@ class CalibratedTimer:
         return self._recorded
 
     @property
-    def fit(self) -> Fit | None:
+    def fit(self) -> StepTimeFit | None:
         with self._lock:
             self._refit()
             return self._fit
@@ -130,7 +130,7 @@ class CalibratedTimer:
         c0, cm, cc = (max(0.0, c) for c in coef)
         err = math.sqrt(sum(((c0 + cm * m + cc * c) / t - 1.0) ** 2 for m, c, t in self._samples)
                         / len(self._samples))
-        self._fit = Fit(c0, cm, cc, len(self._samples), err)
+        self._fit = StepTimeFit(c0, cm, cc, len(self._samples), err)
 
     def step_time(self, groups: Sequence[Group]) -> float:
         cost = mixed_step_cost(groups, self.device)

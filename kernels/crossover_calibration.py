@@ -1,4 +1,4 @@
-"""Calibration files: measured crossovers per (device, V, d, dtype, mode), as JSON in the cache.
+"""Kernel crossover calibration: measured b* per (device, V, d, dtype, mode), as JSON in the cache.
 
 Pure Python. One file per device: $POLYHEAD_CACHE_DIR/calibration/<device>.json
 (default ~/.cache/polyhead/calibration/). Written by `polyhead kernels calibrate`
@@ -10,26 +10,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernels.cache_paths import calibration_dir
 from kernels.errors import CalibrationError
 from kernels.roofline import Efficiency
 
 log = logging.getLogger(__name__)
 
 VERSION = 1
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("POLYHEAD_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "polyhead"
-
-
-def calibration_dir() -> Path:
-    return cache_dir() / "calibration"
 
 
 def device_slug(device_name: str) -> str:
@@ -56,7 +47,7 @@ def crossover_from_sweep(bs: list[int], t_stream: list[float], t_split: list[flo
 
 
 @dataclass(slots=True)
-class Calibration:
+class CrossoverCalibration:
     device: str
     entries: dict[str, dict] = field(default_factory=dict)
     efficiency: dict[str, float] = field(default_factory=dict)
@@ -86,7 +77,8 @@ def path_for(device_name: str, directory: Path | None = None) -> Path:
     return (directory or calibration_dir()) / f"{device_slug(device_name)}.json"
 
 
-def load_calibration(device_name: str, directory: Path | None = None) -> Calibration | None:
+def load_calibration(device_name: str, directory: Path | None = None
+                     ) -> CrossoverCalibration | None:
     path = path_for(device_name, directory)
     if not path.exists():
         return None
@@ -97,11 +89,11 @@ def load_calibration(device_name: str, directory: Path | None = None) -> Calibra
     if doc.get("version") != VERSION or doc.get("device") != device_name:
         log.warning("ignoring calibration %s: version or device mismatch", path)
         return None
-    return Calibration(doc["device"], doc.get("entries", {}), doc.get("efficiency", {}),
+    return CrossoverCalibration(doc["device"], doc.get("entries", {}), doc.get("efficiency", {}),
                        doc.get("meta", {}))
 
 
-def save_calibration(cal: Calibration, directory: Path | None = None) -> Path:
+def save_calibration(cal: CrossoverCalibration, directory: Path | None = None) -> Path:
     path = path_for(cal.device, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from router.calibration import StepSample
-from router.calibration_file import (
-    StepSamples,
-    read_step_samples,
-    timer_from_file,
-    write_step_samples,
-)
 from router.cost import Group, mixed_step_cost
 from router.devices import DEVICES
 from router.errors import CalibrationFileError
 from router.simulate.compare import compare
 from router.simulate.traces import TRACES
+from router.step_time_file import (
+    StepSamples,
+    read_step_samples,
+    timer_from_file,
+    write_step_samples,
+)
+from router.step_time_fit import StepSample
 from tests.router.helpers import heads
 
 DEV = DEVICES["a10g"]

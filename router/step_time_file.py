@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from router.calibration import CalibratedTimer, StepSample
 from router.devices import DeviceSpec
 from router.errors import CalibrationFileError
 from router.profiles import HeadProfile
+from router.step_time_fit import FittedStepTimer, StepSample
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def read_step_samples(path: Path) -> StepSamples:
         raise CalibrationFileError(f"calibration file {path}: malformed ({e!r})") from None
 
 
-def seed_timer(timer: CalibratedTimer, samples: Iterable[StepSample]) -> int:
+def seed_timer(timer: FittedStepTimer, samples: Iterable[StepSample]) -> int:
     """Record the samples into `timer`; returns how many named one of its heads."""
     before = timer.sample_count
     for s in samples:
@@ -89,14 +89,14 @@ def seed_timer(timer: CalibratedTimer, samples: Iterable[StepSample]) -> int:
 
 
 def timer_from_file(path: Path, device: DeviceSpec | None = None,
-                    heads: Sequence[HeadProfile] | None = None) -> CalibratedTimer:
-    """A CalibratedTimer seeded from the file: on the file's device and heads unless given."""
+                    heads: Sequence[HeadProfile] | None = None) -> FittedStepTimer:
+    """A FittedStepTimer seeded from the file: on the file's device and heads unless given."""
     data = read_step_samples(path)
     device = device or data.device
     if device.name != data.device.name:
         log.warning("calibration file %s was measured on %s, the router runs as %s",
                     path, data.device.name, device.name)
-    timer = CalibratedTimer(device, heads if heads is not None else data.heads)
+    timer = FittedStepTimer(device, heads if heads is not None else data.heads)
     used = seed_timer(timer, data.samples)
     fit = timer.fit
     log.info("calibration: %d of %d step samples from %s%s", used, len(data.samples), path,

@@ -33,12 +33,7 @@ from router.cost import (
     train_cost_per_byte,
 )
 from router.devices import DeviceSpec
-from router.policy_spec import (
-    CostParams,
-    LifecycleParams,
-    ThresholdParams,
-    WeightedParams,
-)
+from router.policy.spec import CostParams, LifecycleParams, ThresholdParams, WeightedParams
 from router.profiles import HeadProfile, RequestFeatures
 from router.stability import Clock, Stabilizer
 from router.state import StateSnapshot

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from heads.engine.types import GenerationRequest
 from heads.prompt_encoder import EncodedPrompt
-from router.policy import Decision
+from router.policy.base import Decision
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +17,7 @@ class ChoiceJob:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class RequestPlan:
     request_id: str
     kind: str  # "completion" | "chat"
     route: str  # "/v1/completions" | "/v1/chat/completions"
