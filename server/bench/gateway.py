@@ -45,6 +45,7 @@ class Result:
     p99_ms: float | None = None
     added_p50_ms: float | None = None
     added_p99_ms: float | None = None
+    cpu_ms_per_req: float | None = None  # server process (and children) utime+stime / reqs
 
 
 def free_port() -> int:
@@ -66,27 +67,82 @@ def _engine_s(r: httpx.Response) -> float:
     return 0.0
 
 
+@dataclass
+class Served:
+    url: str
+    pid: int
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+    return kids + [k for c in kids for k in _children(c)]
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of `pid` and its live descendants (uvicorn workers), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in [pid, *_children(pid)]:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 @contextmanager
-def gateway(model: str, port: int, log: Path, **env: str) -> Iterator[str]:
-    full = {**os.environ, "POLYHEAD_MODEL": model, "POLYHEAD_PORT": str(port),
-            "POLYHEAD_HOST": "127.0.0.1", "POLYHEAD_LOG_LEVEL": "WARNING", **env}
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve"], env=full,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+def served(cmd: list[str], env: dict[str, str], port: int, log: Path) -> Iterator[Served]:
+    """A server subprocess on loopback, once its /readyz answers 200."""
+    proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
             if proc.poll() is not None:
-                raise RuntimeError(f"gateway exited: {log.read_text()[-2000:]}")
+                raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
             try:
                 if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        yield url
+        yield Served(url, proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def _gateway_env(model: str, port: int, env: dict[str, str]) -> dict[str, str]:
+    return {**os.environ, "POLYHEAD_MODEL": model, "POLYHEAD_PORT": str(port),
+            "POLYHEAD_HOST": "127.0.0.1", "POLYHEAD_LOG_LEVEL": "WARNING", **env}
+
+
+@contextmanager
+def gateway_process(model: str, port: int, log: Path, **env: str) -> Iterator[Served]:
+    with served([sys.executable, "-m", "server.cli", "serve"], _gateway_env(model, port, env),
+                port, log) as s:
+        yield s
+
+
+@contextmanager
+def gateway(model: str, port: int, log: Path, **env: str) -> Iterator[str]:
+    with gateway_process(model, port, log, **env) as s:
+        yield s.url
+
+
+@contextmanager
+def floor(port: int, log: Path) -> Iterator[Served]:
+    """The framework floor: server.bench.floor_app under uvicorn, as the gateway is."""
+    with served([sys.executable, "-m", "server.bench.floor_app", str(port)], dict(os.environ),
+                port, log) as s:
+        yield s
 
 
 async def open_loop(url: str, backend: str, rps: float, seconds: float,
@@ -123,7 +179,9 @@ async def open_loop(url: str, backend: str, rps: float, seconds: float,
                   _pct(lat, 0.5), _pct(lat, 0.99), _pct(added, 0.5), _pct(added, 0.99))
 
 
-async def closed_loop(url: str, backend: str, concurrency: int, seconds: float) -> Result:
+async def closed_loop(url: str, backend: str, concurrency: int, seconds: float,
+                      pid: int | None = None) -> Result:
+    """`pid`: the server process whose CPU time per completed request is measured."""
     done, errors, lat = 0, 0, []
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(
             max_connections=concurrency, max_keepalive_connections=concurrency)) as client:
@@ -140,11 +198,14 @@ async def closed_loop(url: str, backend: str, concurrency: int, seconds: float) 
                 else:
                     errors += 1
 
+        cpu0 = cpu_seconds(pid) if pid else 0.0
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         took = time.perf_counter() - start
+        cpu = cpu_seconds(pid) - cpu0 if pid else None
     return Result(backend, f"max-rps@c{concurrency}", done + errors, errors, took,
-                  done / took, _pct(lat, 0.5), _pct(lat, 0.99))
+                  done / took, _pct(lat, 0.5), _pct(lat, 0.99),
+                  cpu_ms_per_req=None if cpu is None or not done else cpu / done * 1e3)
 
 
 async def hold_streams(url: str, n: int, tokens: int) -> Result:
@@ -181,14 +242,15 @@ def machine() -> dict:
 
 def table(rows: list[Result]) -> str:
     head = (f"{'backend':8} {'phase':26} {'reqs':>6} {'err':>4} {'req/s':>8} {'p50 ms':>8} "
-            f"{'p99 ms':>8} {'added p50':>10} {'added p99':>10}")
+            f"{'p99 ms':>8} {'added p50':>10} {'added p99':>10} {'cpu ms/req':>10}")
 
     def f(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}"
 
     lines = [head] + [
         f"{r.backend:8} {r.phase:26} {r.requests:6d} {r.errors:4d} {r.rps:8.1f} {f(r.p50_ms):>8} "
-        f"{f(r.p99_ms):>8} {f(r.added_p50_ms):>10} {f(r.added_p99_ms):>10}" for r in rows]
+        f"{f(r.p99_ms):>8} {f(r.added_p50_ms):>10} {f(r.added_p99_ms):>10} "
+        f"{f(r.cpu_ms_per_req):>10}" for r in rows]
     return "\n".join(lines)
 
 
@@ -252,3 +314,43 @@ def summary(rows: list[Result]) -> str:
     r = lat[0]
     return (f"targets at {r.phase}: added p50 {p50:.2f} ms (< 2 ms: {p50 < 2}), "
             f"added p99 {p99:.2f} ms (< 10 ms: {p99 < 10})")
+
+
+CPU_TARGET_X = 2.0  # gateway CPU per request at most this many times the framework floor's
+P99_TARGET_MS = 10.0  # added p99 at the open-loop rate
+WORKERS_TARGET_RPS = 1000.0  # max req/s of the echo gateway with 2 uvicorn workers
+
+
+def _row(rows: list[Result], backend: str, phase: str) -> Result | None:
+    return next((r for r in rows if r.backend == backend and r.phase.startswith(phase)), None)
+
+
+def targets(rows: list[Result], workers_note: str = "") -> list[str]:
+    """MET or MISSED per target, from this run's rows; a target without its row is MISSED."""
+    def verdict(ok: bool) -> str:
+        return "MET" if ok else "MISSED"
+
+    out = []
+    gw, fl = _row(rows, "echo", "max-rps"), _row(rows, "floor", "max-rps")
+    if gw and fl and gw.cpu_ms_per_req is not None and fl.cpu_ms_per_req:
+        ratio = gw.cpu_ms_per_req / fl.cpu_ms_per_req
+        out.append(f"target CPU per request <= {CPU_TARGET_X:g}x floor: {gw.cpu_ms_per_req:.3f} "
+                   f"vs {fl.cpu_ms_per_req:.3f} ms ({ratio:.2f}x): "
+                   f"{verdict(ratio <= CPU_TARGET_X)}")
+    else:
+        out.append(f"target CPU per request <= {CPU_TARGET_X:g}x floor: not measured: MISSED")
+    lat = _row(rows, "echo", "latency")
+    if lat and lat.added_p99_ms is not None:
+        out.append(f"target added p99 < {P99_TARGET_MS:g} ms at {lat.phase.split('@')[1]}: "
+                   f"{lat.added_p99_ms:.2f} ms: {verdict(lat.added_p99_ms < P99_TARGET_MS)}")
+    else:
+        out.append(f"target added p99 < {P99_TARGET_MS:g} ms: not measured: MISSED")
+    w2 = _row(rows, "echo/2w", "max-rps")
+    if w2:
+        out.append(f"target >= {WORKERS_TARGET_RPS:g} req/s with 2 workers: {w2.rps:.1f} req/s: "
+                   f"{verdict(w2.rps >= WORKERS_TARGET_RPS)}")
+    else:
+        note = f" ({workers_note})" if workers_note else ""
+        out.append(f"target >= {WORKERS_TARGET_RPS:g} req/s with 2 workers: not measured{note}: "
+                   "MISSED")
+    return out

@@ -32,13 +32,16 @@ def _run(args: argparse.Namespace) -> None:
     from server.bench.gateway import (
         closed_loop,
         features_summary,
+        floor,
         free_port,
         gateway,
+        gateway_process,
         hold_streams,
         machine,
         open_loop,
         summary,
         table,
+        targets,
         write,
     )
     from server.model_source import resolve_model_dir
@@ -48,12 +51,19 @@ def _run(args: argparse.Namespace) -> None:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     rows = []
     logs = Path(tempfile.mkdtemp(prefix="polyhead-bench-"))
+    if "echo" in backends:  # the framework floor, same phases, same run
+        port = free_port()
+        with floor(port, logs / "floor.log") as srv:
+            rows.append(asyncio.run(open_loop(srv.url, "floor", args.rps, args.seconds)))
+            rows.append(asyncio.run(closed_loop(srv.url, "floor", args.concurrency, args.seconds,
+                                                srv.pid)))
     for backend in backends:
         rps = args.rps if backend == "echo" else args.local_rps
-        with gateway(model, free_port(), logs / f"{backend}.log", POLYHEAD_BACKEND=backend,
-                     POLYHEAD_TORCH_THREADS="1") as url:
-            rows.append(asyncio.run(open_loop(url, backend, rps, args.seconds)))
-            rows.append(asyncio.run(closed_loop(url, backend, args.concurrency, args.seconds)))
+        with gateway_process(model, free_port(), logs / f"{backend}.log",
+                             POLYHEAD_BACKEND=backend, POLYHEAD_TORCH_THREADS="1") as srv:
+            rows.append(asyncio.run(open_loop(srv.url, backend, rps, args.seconds)))
+            rows.append(asyncio.run(closed_loop(srv.url, backend, args.concurrency,
+                                                args.seconds, srv.pid)))
     if "echo" in backends and args.streams:
         with gateway(model, free_port(), logs / "streams.log", POLYHEAD_BACKEND="echo",
                      POLYHEAD_ECHO_TOKEN_DELAY_S="0.01") as url:
@@ -65,7 +75,14 @@ def _run(args: argparse.Namespace) -> None:
     print(table(rows))
     print(summary(rows))
     print(features_summary(rows, encode_ms))
+    for line in targets(rows, WORKERS_NOTE):
+        print(line)
     print(f"wrote {write(rows, args.out)}; gateway logs in {logs}")
+
+
+# No 2-worker run: `polyhead serve` has no workers setting, and its state is per process.
+WORKERS_NOTE = ("polyhead serve runs one uvicorn process; rate limits, admin policy changes, "
+                "metrics and the audit log are per-process state without Redis")
 
 
 def _features(args: argparse.Namespace, rows: list, logs: Path) -> float:
