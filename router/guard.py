@@ -19,8 +19,8 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Protocol
 
+from router.policy.base import Policy
 from router.policy.builtin import Choice
 from router.policy.spec import GuardParams
 from router.profiles import HeadProfile, RequestFeatures
@@ -33,19 +33,8 @@ log = logging.getLogger(__name__)
 ELIGIBLE, EXCLUDED = "eligible", "excluded"
 
 
-class Guarded(Protocol):
-    """router.policy.base.Policy, restated: router.policy.build builds guards from it."""
-
-    @property
-    def name(self) -> str: ...
-
-    def decide(
-        self, features: RequestFeatures, snapshot: StateSnapshot, profiles: Sequence[HeadProfile]
-    ) -> Choice: ...
-
-
 class QualityGuard:
-    def __init__(self, inner: Guarded, params: GuardParams, clock: Clock = time.monotonic):
+    def __init__(self, inner: Policy, params: GuardParams, clock: Clock = time.monotonic):
         self.inner = inner
         self.params = params
         self.name = inner.name
