@@ -172,23 +172,12 @@ class Admission:
                 max_tokens: int | None = None) -> None:
         with self._lock:
             if self._tickets.pop(ticket.id, None) is None:
-                return  # released twice, or reaped
+                return  # released twice
             self._reserved -= ticket.blocks
             self._by_head[ticket.head] -= 1
             self._released.append((self._clock(), ticket.blocks))
         if output_tokens is not None and max_tokens:
             self.ratio.observe(output_tokens, max_tokens, self.profiles[ticket.head].bpt)
-
-    def reap(self, older_than_s: float) -> int:
-        """Release tickets whose holder never came back (a safety net, not the normal path)."""
-        now = self._clock()
-        with self._lock:
-            stale = [t for t in self._tickets.values() if now - t.admitted_at > older_than_s]
-        for t in stale:
-            self.release(t)
-        if stale:
-            log.warning("reaped %d KV reservations older than %.0f s", len(stale), older_than_s)
-        return len(stale)
 
     @property
     def reserved_blocks(self) -> int:

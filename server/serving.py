@@ -12,7 +12,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from server.lifecycle import Phase
+from server.ops.readiness import Phase
 from server.settings import Settings
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)

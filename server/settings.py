@@ -61,7 +61,7 @@ class Settings(BaseSettings):
     admission_prior_ratio: float = Field(default=1.0, gt=0, le=1)  # until it has samples
     admission_kv_blocks: int | None = Field(default=None, gt=0)  # budget; None: the engine's
 
-    # Live prompt BPB (server.prompt_bpb): "on" scores every prompt position of every
+    # Live prompt BPB (server.gateway.prompt_bpb): "on" scores every prompt position of every
     # request, "sampled" at most prompt_bpb_positions positions of a prompt_bpb_fraction share
     # of requests (an unbiased estimate; see docs/metrics.md for the measured cost), "off".
     prompt_bpb: Literal["on", "sampled", "off"] = "sampled"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Protocol
 from heads.engine.types import GenerationRequest, HeadLoad, StepTiming, TokenEvent
 
 if TYPE_CHECKING:
-    from server.engine_metrics import ReplicaStats
+    from server.ops.engine_metrics import ReplicaStats
 
 
 class Backend(Protocol):

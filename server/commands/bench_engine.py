@@ -44,7 +44,7 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> None:
     from heads.bench.engine import bench, table, vllm_target, write
     from server.commands.errors import CliError
-    from server.logging_setup import configure_logging
+    from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
     engines = [e.strip() for e in args.backends.split(",") if e.strip()]
@@ -116,7 +116,7 @@ def _write_calibration(args: argparse.Namespace, model: Path, dtype: str | None,
     from heads.manifest import Manifest
     from router.step_time_file import StepSamples, timer_from_file, write_step_samples
     from router.step_time_fit import StepSample
-    from server.wiring import device_spec, head_profiles
+    from server.bootstrap import device_spec, head_profiles
 
     manifest = Manifest.load(model)
     data = StepSamples(

@@ -30,7 +30,7 @@ def _bench(args: argparse.Namespace) -> None:
 
     from kernels.bench.unembed import format_table, run_bench, write_outputs
     from kernels.dispatch import device_spec
-    from server.logging_setup import configure_logging
+    from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "WARNING")
     if args.quick:

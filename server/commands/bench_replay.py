@@ -56,8 +56,8 @@ def _run(args: argparse.Namespace) -> None:
     from server.bench.replay.runner import ReplayConfig
     from server.bench.replay.session import replay_all
     from server.commands.errors import CliError
-    from server.logging_setup import configure_logging
     from server.model_source import resolve_model_dir
+    from server.ops.logging_setup import configure_logging
     from server.settings import load_settings
 
     configure_logging("text", "INFO")

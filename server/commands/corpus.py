@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _corpus_build(args: argparse.Namespace) -> None:
     from heads.corpus import build_corpus
     from kernels.cache_paths import corpus_dir
-    from server.logging_setup import configure_logging
+    from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
     out = args.out or corpus_dir()
@@ -58,7 +58,7 @@ def _corpus_samples(args: argparse.Namespace) -> None:
     from heads.corpus import select_sources
     from heads.multilingual import SAMPLES_DIR, write_samples
     from kernels.cache_paths import corpus_dir
-    from server.logging_setup import configure_logging
+    from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
     corpus = args.corpus or corpus_dir()

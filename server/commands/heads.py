@@ -125,7 +125,7 @@ def _register_eval(hsub: argparse._SubParsersAction) -> None:
 
 def _heads_build(args: argparse.Namespace) -> None:
     from heads.build import build_heads
-    from server.logging_setup import configure_logging
+    from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
     m = build_heads(args.src, args.out, args.sizes, corpus=args.corpus, ranking=args.ranking,
@@ -138,7 +138,7 @@ def _heads_build(args: argparse.Namespace) -> None:
 def _heads_rank(args: argparse.Namespace) -> None:
     from heads.build import rank_checkpoint
     from heads.ranking import save_ranking
-    from server.logging_setup import configure_logging
+    from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
     rk = rank_checkpoint(args.src, args.corpus, _weights(args), args.specials_last)
@@ -151,7 +151,7 @@ def _heads_eval(args: argparse.Namespace) -> None:
 
     from heads.evaluate import AGGREGATE, KINDS, aggregate, by_source, run_eval
     from heads.multilingual import languages, sample_path
-    from server.logging_setup import configure_logging
+    from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
     if args.threads:

@@ -66,7 +66,7 @@ def _heads_adapt(args: argparse.Namespace) -> None:
     from heads.adapt import AdaptConfig, adapt
     from heads.adapt_data import DataConfig
     from heads.adapt_train import TrainConfig
-    from server.logging_setup import configure_logging
+    from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
     if args.threads:

@@ -48,7 +48,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     from kernels.calibrate import Shape, calibrate
     from kernels.crossover_calibration import save_calibration
     from kernels.dispatch import device_spec
-    from server.logging_setup import configure_logging
+    from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
     if args.threads:

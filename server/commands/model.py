@@ -35,7 +35,7 @@ def _model_tiny(args: argparse.Namespace) -> None:
 
 def _model_fetch(args: argparse.Namespace) -> None:
     from heads.fetch import fetch_model
-    from server.logging_setup import configure_logging
+    from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
     out = fetch_model(args.name, args.out, args.cache_dir)

@@ -17,9 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _serve(args: argparse.Namespace) -> None:
     from heads.checkpoint import validate_checkpoint
-    from server.app import create_app
-    from server.logging_setup import configure_logging
+    from server.bootstrap import create_app
     from server.model_source import resolve_model_dir
+    from server.ops.logging_setup import configure_logging
     from server.serving import serve
     from server.settings import load_settings
 

@@ -1,7 +1,7 @@
 import pytest
 
-from server.chat_template import render_chat
 from server.errors import BadRequest
+from server.gateway.chat_template import render_chat
 
 MSGS = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
 

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from server.ignored_fields import HEADER
+from server.api.ignored_fields import HEADER
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from server.ignored_fields import HEADER
+from server.api.ignored_fields import HEADER
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.app import create_app
+from server.bootstrap import create_app
 from server.settings import Settings
 from tests.conftest import ADMIN_TOKEN, Gateway, start_gateway, stop_gateway
 

@@ -6,7 +6,7 @@ import pytest
 
 from router.state import LiveState
 from router.store import FileStore, StateSync
-from server.lambda_store import RedisStore, make_store
+from server.ops.lambda_store import RedisStore, make_store
 from server.settings import Settings
 
 

@@ -8,10 +8,10 @@ import json
 import pytest
 from pydantic import SecretStr
 
-from server.audit import AuditLog
-from server.auth import KeyRing, admin_keyring, bearer, client_keyring
-from server.policy_ops import parse_if_match
-from server.ratelimit import MemoryRateLimiter, RateLimits
+from server.api.admin_policy import parse_if_match
+from server.ops.audit import AuditLog
+from server.ops.auth import KeyRing, admin_keyring, bearer, client_keyring
+from server.ops.ratelimit import MemoryRateLimiter, RateLimits
 from server.settings import Settings
 
 

@@ -7,7 +7,7 @@ import random
 import httpx
 import pytest
 
-from server.prompt_bpb import PromptBpbConfig
+from server.gateway.prompt_bpb import PromptBpbConfig
 from tests.conftest import ADMIN_TOKEN, Gateway
 from tests.server.metrics_util import scrape
 

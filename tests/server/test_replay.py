@@ -14,8 +14,8 @@ from router.step_time_fit import FittedStepTimer
 from server.bench.replay.report import regime_table, table, targets, write_csv
 from server.bench.replay.runner import ReplayConfig
 from server.bench.replay.session import replay_all
+from server.bootstrap import build_router, device_spec, head_profiles
 from server.settings import Settings
-from server.wiring import build_router, device_spec, head_profiles
 
 # Three at once (B=3), then one at a time: two regimes by trace time.
 TRACE = [SimRequest(0.0, 120, 60, 16), SimRequest(0.0, 200, 40, 16),

@@ -27,7 +27,7 @@ def test_simulate_multilingual_charges_measured_steps(tmp_path, capsys, tiny_mod
     from router.devices import DEVICES
     from router.step_time_file import StepSamples, write_step_samples
     from router.step_time_fit import StepSample
-    from server.wiring import head_profiles
+    from server.bootstrap import head_profiles
 
     profiles = head_profiles(load_metadata(tiny_model_dir)[0], "float32")
     dev = DEVICES["cpu"]

@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.stop_strings import StopStringMatcher
+from server.gateway.stop_strings import StopStringMatcher
 
 
 def run(stops, pieces):

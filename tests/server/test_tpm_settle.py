@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from server.ratelimit import WINDOW_S
+from server.ops.ratelimit import WINDOW_S
 from tests.conftest import start_gateway, stop_gateway
 
 pytestmark = pytest.mark.integration

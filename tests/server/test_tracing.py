@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.app import create_app
+from server.bootstrap import create_app
 from server.settings import Settings
 
 PROMPT = "zebra quartz marmalade"
@@ -79,7 +79,7 @@ def test_disabled_by_default_imports_no_otel_sdk(tiny_model_dir, tmp_path):
     assert Settings().otel_enabled is False
     code = (
         "import sys\n"
-        "from server.app import create_app\n"
+        "from server.bootstrap import create_app\n"
         "from server.settings import Settings\n"
         f"app = create_app(Settings(model={str(tiny_model_dir)!r}, cache_dir={str(tmp_path)!r}))\n"
         "assert app.state.tracing.enabled is False\n"

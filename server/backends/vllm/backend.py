@@ -23,7 +23,7 @@ from heads.errors import EngineError, EngineLost, EngineUnavailable
 from server.backends.base import BackendBase
 from server.backends.vllm.replicas import ReplicaSet
 from server.backends.vllm.types import Chunk, Discovery, Replica, ReplicaFailed, VllmParams
-from server.engine_metrics import ReplicaStats
+from server.ops.engine_metrics import ReplicaStats
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from server.backends.vllm.signals import EngineSignals
 from server.backends.vllm.types import Discovery, Replica
-from server.engine_metrics import ReplicaStats
+from server.ops.engine_metrics import ReplicaStats
 
 log = logging.getLogger(__name__)
 

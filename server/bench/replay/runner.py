@@ -1,6 +1,6 @@
 """Replay an arrival trace through the real Router and the real local engine, in process.
 
-Per request, as server/service.py does: the engine's live per-head load -> LiveState ->
+Per request, as server/gateway/gateway.py does: the engine's live per-head load -> LiveState ->
 the prompt tokenized with every head -> Router.decide -> LocalEngine.generate on the chosen
 head's ids; finished requests feed the live output compression. Arrivals follow the trace's
 clock in real time. Each request is a slice of its language's held-out sample

@@ -23,7 +23,7 @@ from router.step_time_fit import FittedStepTimer
 from server.bench.replay.prompts import spellings
 from server.bench.replay.report import Compared
 from server.bench.replay.runner import ReplayConfig, Replayer, ReplayResult
-from server.wiring import device_spec, head_profiles
+from server.bootstrap import device_spec, head_profiles
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,10 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import APIError, TooManyRequests, Unavailable, error_body
-from server.lifecycle import Lifecycle
-from server.request_context import start_request
+from server.api.errors import error_body
+from server.errors import APIError, TooManyRequests, Unavailable
+from server.ops.readiness import Lifecycle
+from server.ops.request_context import start_request
 
 API_PREFIX = "/v1/"
 

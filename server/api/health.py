@@ -5,8 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from server.deps import LifecycleDep
-from server.ops_wiring import redis_status
+from server.api.deps import LifecycleDep
 
 router = APIRouter()
 
@@ -20,7 +19,7 @@ async def healthz() -> dict:
 async def readyz(lifecycle: LifecycleDep, request: Request) -> JSONResponse:
     status = 200 if lifecycle.ready else 503
     body: dict = {"status": lifecycle.phase.value}
-    redis = redis_status(request.app)
-    if redis is not None:  # degraded Redis stays ready: it serves on local state
-        body["redis"] = redis
+    usage = request.app.state.usage
+    if usage is not None:  # degraded Redis stays ready: it serves on local state
+        body["redis"] = usage.status()
     return JSONResponse(body, status_code=status)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from server.deps import ServiceDep
+from server.api.deps import GatewayDep
 from server.errors import NotFound
 
 router = APIRouter()
 
 
-def _entries(svc: ServiceDep) -> list[dict]:
-    m = svc.manifest
+def _entries(gw: GatewayDep) -> list[dict]:
+    m = gw.manifest
     out = [{"id": m.model_name, "object": "model", "created": 0, "owned_by": "polyhead",
             "polyhead": {"routed": True, "heads": m.head_names}}]
     for h in m.heads:
@@ -23,13 +23,13 @@ def _entries(svc: ServiceDep) -> list[dict]:
 
 
 @router.get("/v1/models")
-async def list_models(svc: ServiceDep) -> dict:
-    return {"object": "list", "data": _entries(svc)}
+async def list_models(gw: GatewayDep) -> dict:
+    return {"object": "list", "data": _entries(gw)}
 
 
 @router.get("/v1/models/{model_id}")
-async def get_model(model_id: str, svc: ServiceDep) -> dict:
-    for e in _entries(svc):
+async def get_model(model_id: str, gw: GatewayDep) -> dict:
+    for e in _entries(gw):
         if e["id"] == model_id:
             return e
     raise NotFound(f"model '{model_id}' does not exist", param="model")

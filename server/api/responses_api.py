@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from server.errors import BadRequest, error_body, to_api_error
-from server.generation import Delta, Outcome
-from server.request_plan import RequestPlan
-from server.schemas import IGNORED_FIELDS, ChatCompletionRequest, ResponsesRequest
+from server.api.errors import error_body, to_api_error
+from server.api.schemas import IGNORED_FIELDS, ChatCompletionRequest, ResponsesRequest
+from server.errors import BadRequest
+from server.gateway.generation import Delta, Outcome
+from server.gateway.request_plan import RequestPlan
 
 ROLES = ("system", "developer", "user", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -115,7 +116,7 @@ class ResponseBuilder:
 
 
 async def response_events(plan: RequestPlan, body: ResponsesRequest, deltas: AsyncIterator[Delta],
-                          outcomes: list[Outcome]) -> AsyncIterator[str]:
+                          outcomes: list[Outcome]) -> AsyncGenerator[str, None]:
     """The Responses stream: typed events, each with a sequence number; errors in-band."""
     rb = ResponseBuilder(plan, body)
     seq = 0

@@ -11,13 +11,12 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from router.router import Router
-from server.audit import AuditLog
-from server.auth import KeyRing, bearer
-from server.client_guard import ClientGuard
 from server.errors import Forbidden, Unauthorized
-from server.lifecycle import Lifecycle
-from server.metrics import Metrics
-from server.service import GatewayService
+from server.gateway.gateway import Gateway
+from server.ops.audit import AuditLog
+from server.ops.auth import KeyRing, bearer
+from server.ops.metrics import Metrics
+from server.ops.readiness import Lifecycle
 from server.settings import Settings
 
 
@@ -25,8 +24,8 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-async def get_service(request: Request) -> GatewayService:
-    return request.app.state.service
+async def get_gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
 
 
 async def get_metrics(request: Request) -> Metrics:
@@ -38,13 +37,13 @@ async def get_lifecycle(request: Request) -> Lifecycle:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-ServiceDep = Annotated[GatewayService, Depends(get_service)]
+GatewayDep = Annotated[Gateway, Depends(get_gateway)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 LifecycleDep = Annotated[Lifecycle, Depends(get_lifecycle)]
 
 
-async def get_router(service: ServiceDep) -> Router:
-    return service.router
+async def get_router(gw: GatewayDep) -> Router:
+    return gw.router
 
 
 RouterDep = Annotated[Router, Depends(get_router)]
@@ -67,16 +66,9 @@ async def require_admin(request: Request) -> str:
 AdminDep = Annotated[str, Depends(require_admin)]
 
 
-async def get_guard(request: Request) -> ClientGuard:
-    return request.app.state.guard
-
-
-GuardDep = Annotated[ClientGuard, Depends(get_guard)]
-
-
-async def require_client(request: Request, guard: GuardDep) -> str:
+async def require_client(request: Request, gw: GatewayDep) -> str:
     """The client API key's name (401 when keys are configured and none matches)."""
-    return guard.authenticate(request.headers.get("authorization", ""))
+    return gw.guard.authenticate(request.headers.get("authorization", ""))
 
 
 ClientDep = Annotated[str, Depends(require_client)]

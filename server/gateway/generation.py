@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from heads.engine.types import GenerationRequest, PromptScore, TokenEvent
 from heads.tokenizer import HeadTokenizer, IncrementalDetokenizer
 from server.backends.base import Backend
-from server.request_context import add_engine_time
-from server.stop_strings import StopStringMatcher
+from server.gateway.stop_strings import StopStringMatcher
+from server.ops.request_context import add_engine_time
 
 
 @dataclass(frozen=True, slots=True)

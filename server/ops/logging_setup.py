@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from server.request_context import RequestIdFilter
+from server.ops.request_context import RequestIdFilter
 
 
 class JsonFormatter(logging.Formatter):

@@ -39,6 +39,14 @@ class RequestPlan:
         return value.get("predicted_bytes_per_token")
 
     @property
+    def choices_per_prompt(self) -> int:
+        return len(self.jobs) // max(1, len(self.encoded.texts))
+
+    @property
+    def max_tokens(self) -> int:
+        return self.jobs[0].request.max_tokens
+
+    @property
     def head(self) -> str:
         return self.decision.head
 

@@ -77,6 +77,12 @@ class BufferedCounters:
         return sum(self._pending.values()) + sum(
             sum(b.values()) for _, b in self._unconfirmed)
 
+    def status(self) -> dict:
+        """For /readyz and /metrics."""
+        h = self.health
+        return {"up": h.up, "since": h.since, "pending_increments": self.pending,
+                **({} if h.up else {"error": h.last_error})}
+
     async def incr(self, key: str, amounts: dict[str, int]) -> None:
         """HINCRBY key field amount for each field, in one round trip (or buffered)."""
         for field, amount in amounts.items():

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
-from server.errors import sse_error, to_api_error
-from server.generation import Delta, Outcome
-from server.request_plan import RequestPlan
+from server.api.errors import sse_error, to_api_error
+from server.gateway.generation import Delta, Outcome
+from server.gateway.request_plan import RequestPlan
 
 
 def usage(plan: RequestPlan, outcomes: list[Outcome]) -> dict:
@@ -88,7 +88,7 @@ def _chunk(plan: RequestPlan, choices: list[dict], usage_block: dict | None = No
 
 async def sse_stream(
     plan: RequestPlan, deltas: AsyncIterator[Delta], outcomes: list[Outcome], token_text
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     started: set[int] = set()
     try:
         async for d in deltas:

@@ -17,7 +17,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from server.redis_state import RedisHealth
+from server.ops.redis_state import RedisHealth
 
 WINDOW_S = 60
 

@@ -6,18 +6,16 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Query, Request
 
-from router.errors import RouterError
 from router.quality import HeadQuality
 from router.router import Router
 from router.step_time_fit import FittedStepTimer
-from server.deps import AdminDep, AuditDep, MetricsDep, RouterDep, ServiceDep, SettingsDep
-from server.drain_sync import DrainSync
-from server.errors import Conflict, NotFound
-from server.policy_ops import parse_if_match, persist_policy
-from server.prompt_bpb import guard_excluded, head_view
-from server.routes.admin import policy_view
+from server.api.admin_policy import policy_view
+from server.api.deps import AdminDep, AuditDep, GatewayDep, MetricsDep, RouterDep, SettingsDep
+from server.errors import NotFound
+from server.gateway.prompt_bpb import guard_excluded, head_view
+from server.ops.drain_sync import DrainSync
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin")
@@ -28,11 +26,11 @@ def _head_state(r: Router, head: str) -> str:
 
 
 @router.get("/heads")
-async def list_heads(_: AdminDep, svc: ServiceDep, settings: SettingsDep) -> dict:
-    svc.refresh_load()
-    snap = svc.state.snapshot()
-    excluded = guard_excluded(svc.router.active_policy)
-    gate, used = svc.admission, svc.backend.kv_blocks()[0]
+async def list_heads(_: AdminDep, gw: GatewayDep, settings: SettingsDep) -> dict:
+    gw.refresh_load()
+    snap = gw.state.snapshot()
+    excluded = guard_excluded(gw.router.active_policy)
+    gate, used = gw.admission, gw.backend.kv_blocks()[0]
 
     def max_batch(head: str) -> int | None:
         # KV admission's per-head maximum (what /admin/admission reports); without it, the
@@ -45,17 +43,17 @@ async def list_heads(_: AdminDep, svc: ServiceDep, settings: SettingsDep) -> dic
         {"name": h.name, "vocab_size": h.vocab_size, "bytes_per_token": h.bytes_per_token,
          "bpb": h.bpb, "live_batch": snap.running[h.name], "queue": snap.waiting[h.name],
          "max_batch": max_batch(h.name),
-         "lambda": snap.lam(h.name), "state": _head_state(svc.router, h.name),
-         **head_view(h.name, snap.quality.get(h.name, HeadQuality()), h.bpb, svc.prompt_bpb,
+         "lambda": snap.lam(h.name), "state": _head_state(gw.router, h.name),
+         **head_view(h.name, snap.quality.get(h.name, HeadQuality()), h.bpb, gw.planner.prompt_bpb,
                      excluded)}
-        for h in svc.manifest.heads
+        for h in gw.manifest.heads
     ]
     return {"heads": heads}
 
 
-async def _set_drained(head: str, drained: bool, actor: str, svc: ServiceDep,
+async def _set_drained(head: str, drained: bool, actor: str, gw: GatewayDep,
                        m: MetricsDep, audit: AuditDep, request: Request) -> dict:
-    r = svc.router
+    r = gw.router
     if head not in r.heads:
         raise NotFound(f"head '{head}' does not exist; heads: {', '.join(r.heads)}",
                        param="head")
@@ -74,15 +72,15 @@ async def _set_drained(head: str, drained: bool, actor: str, svc: ServiceDep,
 
 
 @router.post("/heads/{head}/drain")
-async def drain(head: str, actor: AdminDep, svc: ServiceDep, m: MetricsDep,
+async def drain(head: str, actor: AdminDep, gw: GatewayDep, m: MetricsDep,
                 audit: AuditDep, request: Request) -> dict:
-    return await _set_drained(head, True, actor, svc, m, audit, request)
+    return await _set_drained(head, True, actor, gw, m, audit, request)
 
 
 @router.post("/heads/{head}/undrain")
-async def undrain(head: str, actor: AdminDep, svc: ServiceDep, m: MetricsDep,
+async def undrain(head: str, actor: AdminDep, gw: GatewayDep, m: MetricsDep,
                   audit: AuditDep, request: Request) -> dict:
-    return await _set_drained(head, False, actor, svc, m, audit, request)
+    return await _set_drained(head, False, actor, gw, m, audit, request)
 
 
 def _calibration_view(r: Router, source: Path | None) -> dict:
@@ -104,9 +102,9 @@ def _calibration_view(r: Router, source: Path | None) -> dict:
 
 
 @router.get("/state")
-async def state(_: AdminDep, svc: ServiceDep, r: RouterDep, settings: SettingsDep) -> dict:
-    svc.refresh_load()
-    snap = svc.state.snapshot()
+async def state(_: AdminDep, gw: GatewayDep, r: RouterDep, settings: SettingsDep) -> dict:
+    gw.refresh_load()
+    snap = gw.state.snapshot()
     return {
         "lambda": {"all": snap.lam(), **{h: snap.lam(h) for h in r.heads}},
         "counters": {"served_bytes": dict(snap.served_bytes),
@@ -117,25 +115,6 @@ async def state(_: AdminDep, svc: ServiceDep, r: RouterDep, settings: SettingsDe
         "calibration": _calibration_view(r, settings.calibration_file),
 
     }
-
-
-@router.post("/policy/rollback")
-async def rollback(actor: AdminDep, r: RouterDep, m: MetricsDep, audit: AuditDep,
-                   request: Request, if_match: str | None = Header(default=None)) -> dict:
-    before = policy_view(r)
-    if not r.can_rollback:
-        raise Conflict("no previous policy to roll back to")
-    try:
-        version = r.rollback(actor, parse_if_match(if_match))
-    except RouterError as e:
-        if type(e) is RouterError:  # raced with another rollback; VersionConflict maps itself
-            raise Conflict(str(e)) from None
-        raise
-    await persist_policy(request, version)
-    m.set_policy(r.policy_doc["name"], version, actor)
-    m.policy_switches.labels("rollback").inc()
-    audit.append(actor, "policy.rollback", before, policy_view(r))
-    return policy_view(r)
 
 
 @router.get("/audit")

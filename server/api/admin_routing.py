@@ -10,9 +10,9 @@ from fastapi import APIRouter, Query, Request
 
 from router.planner.live import DEFAULT_MFU, live_plan_json
 from router.store import StateSync
-from server.deps import AdminDep, ServiceDep
+from server.api.deps import AdminDep, GatewayDep
+from server.api.schemas import RequestBody
 from server.errors import BadRequest
-from server.schemas import RequestBody
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin")
@@ -24,66 +24,66 @@ class LambdaForecast(RequestBody):
 
 
 @router.get("/decisions")
-async def decisions(_: AdminDep, svc: ServiceDep,
+async def decisions(_: AdminDep, gw: GatewayDep,
                     limit: int = Query(default=50, ge=1, le=10_000)) -> dict:
-    log_ = svc.router.decisions
+    log_ = gw.router.decisions
     return {"capacity": log_.capacity, "total": log_.total,
             "decisions": [d.to_record() for d in log_.last(limit)]}
 
 
-def lambda_view(svc: ServiceDep) -> dict:
-    snap = svc.state.snapshot()
+def lambda_view(gw: GatewayDep) -> dict:
+    snap = gw.state.snapshot()
     return {"measured": snap.lam(), "forecast": snap.lambda_forecast,
             "effective": snap.effective_lam(),
             "heads": {h: {"lambda": snap.lam(h), "served_bytes": snap.served_bytes[h],
                           "served_tokens": snap.served_tokens[h],
                           "training_bytes": snap.training_bytes[h]}
-                      for h in svc.router.heads}}
+                      for h in gw.router.heads}}
 
 
 @router.get("/plan")
-async def live_plan(_: AdminDep, svc: ServiceDep,
+async def live_plan(_: AdminDep, gw: GatewayDep,
                     mfu: float = Query(default=DEFAULT_MFU, gt=0, le=1)) -> dict:
     """The lifecycle-optimal V at the live B distribution and λ, and each head's break-even λ
     (router.planner.live): a planning view; routing itself treats existing heads as sunk."""
-    r = svc.router
-    snap = svc.state.snapshot()
+    r = gw.router
+    snap = gw.state.snapshot()
     recent = [(f, int(d.inputs.get("batch", 1))) for f, d in r.recent()]
     training = max(snap.training_bytes.values(), default=0.0) or None
     return live_plan_json(r.profiles, r.timer, recent, snap.effective_lam(), training, mfu)
 
 
 @router.get("/lambda")
-async def get_lambda(_: AdminDep, svc: ServiceDep) -> dict:
-    return lambda_view(svc)
+async def get_lambda(_: AdminDep, gw: GatewayDep) -> dict:
+    return lambda_view(gw)
 
 
 @router.put("/lambda")
-async def put_lambda(body: LambdaForecast, actor: AdminDep, svc: ServiceDep,
+async def put_lambda(body: LambdaForecast, actor: AdminDep, gw: GatewayDep,
                      request: Request) -> dict:
     lam = body.forecast
     if lam is not None and (not math.isfinite(lam) or lam < 0):
         raise BadRequest("forecast must be a finite number >= 0, or null", param="forecast")
     sync: StateSync | None = getattr(request.app.state, "lambda_sync", None)
     if sync is None:
-        svc.state.set_lambda_forecast(lam)
+        gw.state.set_lambda_forecast(lam)
     else:  # persisted, so replicas and restarts see it
         await asyncio.to_thread(sync.set_forecast, lam)
     log.info("λ forecast set to %s by %s", lam, actor)
-    return lambda_view(svc)
+    return lambda_view(gw)
 
 
 @router.get("/admission")
-async def admission(_: AdminDep, svc: ServiceDep) -> dict:
-    gate = svc.admission
+async def admission(_: AdminDep, gw: GatewayDep) -> dict:
+    gate = gw.admission
     if gate is None:
         return {"enabled": False}
     a = gate.admission
-    used = svc.backend.kv_blocks()[0]
+    used = gw.backend.kv_blocks()[0]
     return {"enabled": True, "total_blocks": a.budget.total_blocks,
             "block_size": a.budget.block_size, "reserved_blocks": a.reserved_blocks,
             "engine_used_blocks": used, "queue": gate.waiting,
             "output_bytes_per_max_token": a.ratio.bytes_per_max_token(),
             "drain_blocks_per_s": a.drain_rate(),
             "heads": {h: {"admitted": a.admitted(h), "max_batch": a.max_batch(h, used),
-                          "typical_blocks": a.typical_blocks(h)} for h in svc.router.heads}}
+                          "typical_blocks": a.typical_blocks(h)} for h in gw.router.heads}}

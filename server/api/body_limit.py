@@ -11,7 +11,8 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import PayloadTooLarge, error_body
+from server.api.errors import error_body
+from server.errors import PayloadTooLarge
 
 
 class BodyLimitMiddleware:

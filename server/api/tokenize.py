@@ -1,0 +1,58 @@
+"""POST /tokenize and /detokenize in vLLM's shapes, per head.
+
+Every head has its own tokenizer, so each answer names the head it used: the pinned one
+(`model` "NAME:HEAD"), or for /tokenize the one the router would pick for this prompt.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from server.api.deps import ClientDep, GatewayDep
+from server.api.schemas import DetokenizeRequest, TokenizeRequest
+from server.errors import BadRequest
+
+router = APIRouter()
+
+
+def _answer(body: dict, head: str) -> JSONResponse:
+    return JSONResponse({**body, "head": head}, headers={"x-polyhead-head": head})
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, gw: GatewayDep, _: ClientDep) -> JSONResponse:
+    planner = gw.planner
+    chat = body.messages is not None
+    text = planner.chat_prompt(body.messages) if body.messages is not None else body.prompt or ""
+    planner.check_prompt_bytes(len(text.encode()), "messages" if chat else "prompt")
+    pinned = planner.pinned_head(body.model or gw.manifest.model_name)
+    gw.refresh_load()  # the choice /v1/completions would make now, for a default max_tokens
+    encoded, decision = planner.route([text], chat, planner.limits.default_max_tokens, pinned,
+                                      preview=True)
+    head = decision.head
+    if body.add_special_tokens:
+        ids = list(encoded.heads[head].ids[0])
+    else:
+        tok = gw.tokenizers[head]
+        ids = tok.encode_with_specials(text) if chat else tok.encode(text)
+    strs = [gw.tokenizers[head].id_to_token(i) for i in ids] if body.return_token_strs else None
+    return _answer({"count": len(ids), "max_model_len": planner.limits.max_model_len,
+                    "tokens": ids, "token_strs": strs}, head)
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, gw: GatewayDep, _: ClientDep) -> JSONResponse:
+    head = gw.planner.pinned_head(body.model or gw.manifest.model_name)
+    if head is None:
+        raise BadRequest(
+            "detokenize needs a pinned head: ids differ per head, so name one as model "
+            f"'{gw.manifest.model_name}:HEAD' (heads: {', '.join(gw.manifest.head_names)})",
+            param="model")
+    vocab = gw.manifest.head(head).vocab_size
+    bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise BadRequest(f"token id {bad} is outside head {head}'s vocabulary [0, {vocab})",
+                         param="tokens")
+    text = gw.tokenizers[head].decode(body.tokens, skip_special_tokens=False)
+    return _answer({"prompt": text}, head)

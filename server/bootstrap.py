@@ -1,0 +1,312 @@
+"""Build the app from settings: `create_app(settings)` registers routes and middleware, and its
+lifespan builds everything else, in dependency order, and hangs it on app.state:
+
+backend (engine) -> router and live state -> client guard (keys, rate limits, Redis usage)
+-> routing services (λ and policy store, drained heads, KV admission) -> the Gateway.
+
+Nothing heavy happens at import time or in create_app itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from heads.checkpoint import load_checkpoint, load_metadata
+from heads.engine.config import EngineConfig
+from heads.manifest import Manifest
+from heads.tokenizer import HeadTokenizer
+from kernels.roofline import DTYPE_BYTES
+from router.admission import Admission, KVBudget, OutputRatio
+from router.devices import DeviceSpec, detect_cpu, lookup_device
+from router.profiles import HeadProfile
+from router.router import Router
+from router.state import LiveState
+from router.step_time_file import timer_from_file
+from router.step_time_fit import FittedStepTimer
+from router.store import PolicySync, StateSync
+from server.api import (
+    admin_ops,
+    admin_policy,
+    admin_routing,
+    completions,
+    health,
+    models,
+    scrape,
+    tokenize,
+)
+from server.api.body_limit import BodyLimitMiddleware
+from server.api.errors import install_error_handlers
+from server.api.ignored_fields import IgnoredFields
+from server.api.middleware import GatewayMiddleware
+from server.backends.base import Backend
+from server.backends.factory import make_backend
+from server.gateway.accounting import RequestAccounting
+from server.gateway.admission_gate import AdmissionGate
+from server.gateway.gateway import Gateway
+from server.gateway.prompt_bpb import PromptBpbConfig
+from server.gateway.request_planner import Limits, RequestPlanner
+from server.model_source import resolve_model_dir
+from server.ops.audit import AuditLog
+from server.ops.auth import admin_keyring, client_keyring
+from server.ops.client_guard import ClientGuard
+from server.ops.drain_sync import DrainSync
+from server.ops.lambda_store import RedisStore, make_store
+from server.ops.metrics import Metrics
+from server.ops.ratelimit import MemoryRateLimiter, RateLimiter, RateLimits, RedisRateLimiter
+from server.ops.readiness import Lifecycle, Phase
+from server.ops.redis_state import BufferedCounters, RedisHealth, connect
+from server.ops.store_sync import follow_policy, sync_lambda_forever
+from server.ops.tracing import setup_tracing
+from server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+# --- the model: router inputs and engine settings ---------------------------------------------
+
+def compute_dtype(settings: Settings) -> str:
+    # The local engine runs on CPU, where float32 beats bf16 (no native bf16 GEMM).
+    return "float32" if settings.compute_dtype == "auto" else settings.compute_dtype
+
+
+def head_profiles(manifest: Manifest, dtype: str | None = None) -> list[HeadProfile]:
+    b = manifest.backbone
+    s = DTYPE_BYTES[dtype or manifest.dtype]
+    return [
+        HeadProfile(
+            name=h.name,
+            vocab_size=h.vocab_size,
+            hidden_size=b.hidden_size,
+            backbone_params=b.num_parameters(),
+            kv_bytes_per_token=b.kv_bytes_per_token_per_elem * s,
+            weight_bytes_per_param=s,
+            bytes_per_token=h.bytes_per_token,
+            training_bytes=h.training_bytes,
+            bpb=h.bpb,
+            training_sunk=h.training_sunk,
+        )
+        for h in manifest.heads
+    ]
+
+
+def device_spec(name: str) -> DeviceSpec:
+    return detect_cpu() if name == "auto" else lookup_device(name)
+
+
+def build_router(manifest: Manifest, settings: Settings) -> tuple[Router, LiveState]:
+    profiles = head_profiles(manifest, compute_dtype(settings))
+    state = LiveState.for_profiles(profiles, settings.batch_window_s, settings.prompt_bpb_alpha)
+    device = device_spec(settings.device)
+    # Calibrated: engine step times (fed by the gateway) replace the analytic midpoint.
+    timer = FittedStepTimer(device, profiles) if settings.calibrate else None
+    if timer is not None and settings.calibration_file is not None:
+        timer = timer_from_file(settings.calibration_file, device, profiles)  # offline samples
+    router = Router(profiles, device, state, settings.policy, timer=timer,
+                    decision_log=settings.decision_log_size)
+    return router, state
+
+
+def engine_config(settings: Settings, manifest: Manifest) -> EngineConfig:
+    return EngineConfig(
+        block_size=settings.block_size,
+        kv_cache_bytes=settings.kv_cache_mb << 20,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_model_len=manifest.backbone.max_position_embeddings,
+        enable_prefix_caching=settings.prefix_caching,
+    )
+
+
+def open_backend(
+    settings: Settings, model_dir: Path
+) -> tuple[Manifest, dict[str, HeadTokenizer], Backend, EngineConfig]:
+    """The engine and what the gateway needs of the checkpoint. The vLLM engine loads the
+    weights itself, so the gateway then reads only the manifest and the tokenizers."""
+    if settings.backend == "vllm":
+        from server.backends.vllm.factory import make_vllm_backend
+
+        manifest, tokenizers = load_metadata(model_dir)
+        dtype = settings.vllm_dtype if settings.vllm_dtype != "auto" else compute_dtype(settings)
+        backend: Backend = make_vllm_backend(settings, model_dir, manifest, dtype)
+        return manifest, tokenizers, backend, engine_config(settings, manifest)
+    ckpt = load_checkpoint(model_dir, compute_dtype=compute_dtype(settings))
+    econf = engine_config(settings, ckpt.manifest)
+    return ckpt.manifest, ckpt.tokenizers, make_backend(settings, ckpt, econf), econf
+
+
+# --- services entered in the lifespan ----------------------------------------------------------
+
+@contextlib.asynccontextmanager
+async def client_guard(app: FastAPI, settings: Settings, metrics: Metrics
+                       ) -> AsyncIterator[ClientGuard]:
+    """API keys and per-key rate limits; with `redis_url` the rate-limit windows and usage
+    counters live in Redis, and a reconciler flushes increments buffered during outages."""
+    client = connect(settings.redis_url) if settings.redis_url else None
+    usage = BufferedCounters(client, RedisHealth()) if client is not None else None
+    app.state.usage = usage  # /readyz and /metrics report its health
+    limits = RateLimits(settings.rate_limit_rpm, settings.rate_limit_tpm)
+    limiter: RateLimiter | None = None
+    if limits.active:
+        limiter = (RedisRateLimiter(client, limits, usage.health)
+                   if client is not None and usage is not None else MemoryRateLimiter(limits))
+    reconciler = None
+    if usage is not None:
+        await usage.ping()
+        reconciler = asyncio.create_task(usage.reconcile_forever())
+    try:
+        yield ClientGuard(client_keyring(settings), limiter, usage, metrics)
+    finally:
+        if reconciler is not None:
+            reconciler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reconciler
+        if usage is not None:
+            await usage.flush()
+        if client is not None:
+            await client.aclose()
+
+
+def admission_gate(router: Router, backend: Backend, settings: Settings) -> AdmissionGate | None:
+    _, total = backend.kv_blocks()
+    if not settings.admission or total <= 0:  # the echo backend has no KV cache
+        return None
+    # A vLLM engine reports its own block size (128 tokens on CPU); the local engine's is ours.
+    block_size = backend.kv_block_size() or settings.block_size
+    budget = KVBudget(settings.admission_kv_blocks or total, block_size, settings.max_num_seqs)
+    ratio = OutputRatio(settings.admission_quantile, settings.admission_prior_ratio)
+    admission = Admission(router.profiles, budget, ratio)
+    return AdmissionGate(admission, settings.admission_queue, settings.admission_wait_s)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingServices:
+    lambda_sync: StateSync
+    policy_sync: PolicySync
+    drains: DrainSync | None  # followed through Redis; None on a single replica
+
+
+@contextlib.asynccontextmanager
+async def routing_services(router: Router, state: LiveState, metrics: Metrics,
+                           settings: Settings) -> AsyncIterator[RoutingServices]:
+    """λ restored from the store, then flushed and pulled every `lambda_sync_s` and once more
+    at shutdown; the policy restored (the configured one is only the first-boot default) and,
+    with Redis, followed live, as are the drained heads."""
+    store = make_store(settings)
+    sync = StateSync(state, store)
+    try:
+        await asyncio.to_thread(sync.restore)
+    except Exception as e:
+        log.error("λ store unreachable at startup (%s); counting from zero until it is", e)
+    policy = PolicySync(router, store, lambda: metrics.set_policy(
+        router.policy_doc["name"], router.version, router.changed_by))
+    try:
+        await asyncio.to_thread(policy.restore)
+    except Exception as e:
+        log.error("policy store unreachable at startup (%s); using the configured policy", e)
+    tasks = [asyncio.create_task(sync_lambda_forever(sync, settings.lambda_sync_s))]
+    drains: DrainSync | None = None
+    if isinstance(store, RedisStore):
+        tasks.append(asyncio.create_task(follow_policy(policy, store)))
+        drains = DrainSync(router, store.url, lambda head, drained:
+                           metrics.head_up.labels(head).set(0 if drained else 1))
+        try:
+            await drains.restore()
+        except Exception as e:
+            log.error("drained heads unreadable at startup (%s); none drained here", e)
+        tasks.append(asyncio.create_task(drains.follow_forever()))
+    try:
+        yield RoutingServices(sync, policy, drains)
+    finally:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        try:
+            await asyncio.to_thread(sync.flush)
+        except Exception as e:
+            log.error("final λ store flush failed: %s", e)
+        if isinstance(store, RedisStore):
+            store.close()
+        if drains is not None:
+            await drains.close()
+
+
+# --- the app -------------------------------------------------------------------------------------
+
+async def _build(app: FastAPI, settings: Settings, ops: AsyncExitStack) -> Gateway:
+    model_dir = resolve_model_dir(settings.model, settings.cache_dir)
+    manifest, tokenizers, backend, econf = open_backend(settings, model_dir)
+    router, state = build_router(manifest, settings)
+    metrics = Metrics()
+    metrics.set_policy(router.policy_doc["name"], router.version, router.changed_by)
+    app.state.metrics = metrics
+    for head in manifest.head_names:
+        metrics.head_up.labels(head).set(1)
+    await backend.start()
+    ops.push_async_callback(backend.stop)
+    guard = await ops.enter_async_context(client_guard(app, settings, metrics))
+    routing = await ops.enter_async_context(routing_services(router, state, metrics, settings))
+    app.state.lambda_sync = routing.lambda_sync
+    app.state.policy_sync = routing.policy_sync
+    app.state.drain_sync = routing.drains
+    gate = admission_gate(router, backend, settings)  # sized from the started engine's KV
+    tracing, prompt_bpb = app.state.tracing, PromptBpbConfig.from_settings(settings)
+    limits = Limits.from_settings(settings, econf.model_len(manifest.backbone))
+    planner = RequestPlanner(manifest, tokenizers, router, metrics, limits, tracing, prompt_bpb,
+                             gate.admission.observe_request if gate is not None else None)
+    ops.callback(planner.close)
+    accounting = RequestAccounting(metrics, state, manifest, tracing, prompt_bpb)
+    heads = ", ".join(f"{h.name} (V={h.vocab_size})" for h in manifest.heads)
+    log.info("model %s from %s; heads: %s; policy: %s v%d", manifest.model_name, model_dir,
+             heads, router.policy_doc["name"], router.version)
+    return Gateway(manifest, tokenizers, backend, router, state, metrics, planner, guard, gate,
+                   accounting, tracing)
+
+
+def create_app(settings: Settings, *, span_exporter: Any | None = None) -> FastAPI:
+    """`span_exporter` replaces the configured OpenTelemetry exporter (tests)."""
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        lifecycle: Lifecycle = app.state.lifecycle
+        # Closed in reverse order of entry: the planner, routing state, client guard, engine.
+        async with AsyncExitStack() as ops:
+            app.state.gateway = await _build(app, settings, ops)
+            lifecycle.phase = Phase.READY
+            log.info("polyhead listening on http://%s:%d", settings.host, settings.port)
+            try:
+                yield
+            finally:
+                lifecycle.phase = Phase.DRAINING
+        app.state.tracing.shutdown()  # flushes the batched spans
+
+    app = FastAPI(title="polyhead", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.lifecycle = Lifecycle()
+    app.state.usage = None  # the Redis usage counters, once the lifespan connected them
+    app.state.admin_keys = admin_keyring(settings)
+    app.state.ignored_fields = IgnoredFields()
+    app.state.audit = AuditLog(settings.audit_log or settings.cache_dir / "audit.jsonl")
+    install_error_handlers(app)
+    for r in (completions.router, tokenize.router, models.router, health.router, scrape.router,
+              admin_policy.router, admin_ops.router, admin_routing.router):
+        app.include_router(r)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if settings.cors_allow_origins:  # off by default: no CORS headers at all
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_allow_origins,
+                           allow_methods=["GET", "POST"], allow_headers=["*"])
+    # Outermost: the request id and latency cover every other middleware's answers too.
+    app.add_middleware(GatewayMiddleware, lifecycle=app.state.lifecycle,
+                       max_inflight=settings.max_inflight_requests)
+    # Off by default; enabled, its server span wraps every middleware above.
+    app.state.tracing = setup_tracing(app, settings, span_exporter)
+    return app

@@ -1,0 +1,68 @@
+"""What a finished request updates: request metrics, λ and the learned output bytes/token,
+and live prompt BPB. Observed once per request, never inside the per-token loop."""
+
+from __future__ import annotations
+
+import time
+
+from heads.manifest import Manifest
+from router.state import LiveState
+from server.gateway.generation import Outcome
+from server.gateway.prompt_bpb import PromptBpbConfig, record
+from server.gateway.request_plan import RequestPlan
+from server.ops.metrics import Metrics
+from server.ops.request_context import current_request_id
+from server.ops.tracing import NoTracing
+
+
+class RequestAccounting:
+    def __init__(self, metrics: Metrics, state: LiveState, manifest: Manifest,
+                 tracing: NoTracing, prompt_bpb: PromptBpbConfig) -> None:
+        self.metrics = metrics
+        self.state = state
+        self.manifest = manifest
+        self.tracing = tracing
+        self.prompt_bpb = prompt_bpb
+
+    def finished(self, plan: RequestPlan, outcomes: list[Outcome], status: str) -> None:
+        """`status`: "200", "499" (the client went away) or "error"."""
+        m, head = self.metrics, plan.head
+        m.requests.labels(plan.route, head, plan.decision.policy, status).inc()
+        gen_tokens = sum(o.completion_tokens for o in outcomes)
+        gen_bytes = sum(o.text_bytes for o in outcomes)
+        self.tracing.annotate(head=head, policy=plan.decision.policy,
+                              request_id=current_request_id() or plan.request_id,
+                              prompt_tokens=plan.prompt_tokens, completion_tokens=gen_tokens,
+                              status=status)
+        m.tokens.labels(head, "prompt").inc(plan.prompt_tokens)
+        m.tokens.labels(head, "generated").inc(gen_tokens)
+        m.bytes.labels(head, "prompt").inc(plan.prompt_bytes)
+        m.bytes.labels(head, "generated").inc(gen_bytes)
+        firsts = [o.first_token_at for o in outcomes if o.first_token_at is not None]
+        if firsts:
+            m.ttft.labels(head).observe(min(firsts) - plan.started_at)
+        m.e2e.labels(head).observe(time.perf_counter() - plan.started_at)
+        self._choices(plan, outcomes)
+        # λ counts the text served; prompt and output bytes both pass through the head.
+        self.state.add_served(head, plan.prompt_bytes + gen_bytes, plan.prompt_tokens + gen_tokens)
+        if status == "200" and gen_tokens:  # what the head really packs for this script
+            self.state.add_output(head, plan.encoded.script, gen_bytes, gen_tokens)
+        self._prompt_bpb(plan, outcomes)
+
+    def _choices(self, plan: RequestPlan, outcomes: list[Outcome]) -> None:
+        itl = self.metrics.itl.labels(plan.head)
+        for o in outcomes:
+            for gap in o.itl:
+                itl.observe(gap)
+        submitted = [o.submitted_at for o in outcomes if o.submitted_at is not None]
+        if submitted:
+            self.metrics.queue_wait.labels(plan.head).observe(
+                max(0.0, min(submitted) - plan.started_at))
+
+    def _prompt_bpb(self, plan: RequestPlan, outcomes: list[Outcome]) -> None:
+        n = plan.choices_per_prompt
+        for job, o in zip(plan.jobs, outcomes, strict=True):
+            if o.prompt_score is not None:
+                text_bytes = len(plan.encoded.texts[job.index // n].encode())
+                record(self.metrics.quality, self.state, self.manifest, self.prompt_bpb,
+                       plan.head, o.prompt_score, text_bytes)

@@ -1,1 +1,0 @@
-"""Thin HTTP routers, one per concern."""
