@@ -1,8 +1,6 @@
 """Per-batch kernel choice: streaming (fused Triton on GPU, chunked torch on CPU) while the
-head group is memory-bound, GEMM + sampler (split) past the crossover b*.
-
-b* comes from the device's calibration when it has the exact (V, d, dtype, mode), else from
-the roofline (refitted with the calibration's efficiencies when there are any). Pure Python.
+head group is memory-bound, GEMM + sampler (split) past the crossover b* of
+`kernels.crossover`, with hysteresis so a batch near b* does not flap. Pure Python.
 """
 
 from __future__ import annotations
@@ -12,9 +10,9 @@ import math
 import threading
 from dataclasses import dataclass
 
+from kernels.crossover import crossover_batch
 from kernels.crossover_calibration import CrossoverCalibration
 from kernels.devices import DeviceSpec
-from kernels.roofline import SPLIT_ONLY, roofline_crossover
 
 log = logging.getLogger(__name__)
 
@@ -32,26 +30,12 @@ def stream_kernel(device: DeviceSpec) -> str:
     return "chunked" if device.is_cpu else "fused"
 
 
-def crossover(
-    vocab: int, d: int, dtype: str, mode: str, device: DeviceSpec,
-    calibration: CrossoverCalibration | None = None,
-) -> tuple[float, str]:
-    if mode == SPLIT_ONLY:
-        return 1.0, SPLIT_ONLY
-    if calibration is not None and calibration.device == device.name:
-        b = calibration.b_star(vocab, d, dtype, mode)
-        if b is not None:
-            return b, "calibration"
-        return roofline_crossover(vocab, d, dtype, mode, device, calibration.fitted()), "roofline"
-    return roofline_crossover(vocab, d, dtype, mode, device), "roofline"
-
-
 def choose(
     b: int, vocab: int, d: int, dtype: str, mode: str, device: DeviceSpec,
     calibration: CrossoverCalibration | None = None,
 ) -> KernelChoice:
     """Stateless choice: split iff b >= b*."""
-    b_star, source = crossover(vocab, d, dtype, mode, device, calibration)
+    b_star, source = crossover_batch(vocab, d, dtype, mode, device, calibration)
     kernel = "split" if b >= b_star else stream_kernel(device)
     return KernelChoice(kernel, b_star, source)
 
@@ -76,7 +60,8 @@ class Selector:
         key = (vocab, d, dtype, mode, device.name)
         with self._lock:
             if key not in self._crossovers:
-                self._crossovers[key] = crossover(vocab, d, dtype, mode, device, self.calibration)
+                self._crossovers[key] = crossover_batch(vocab, d, dtype, mode, device,
+                                                        self.calibration)
             b_star, source = self._crossovers[key]
             kernel = self._pick(key, b, b_star, device)
             self._last[key] = kernel

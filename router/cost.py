@@ -7,9 +7,10 @@ s = weight bytes per parameter and B = Σ b_g (the backbone runs once for all gr
     backbone weights  N·s                                          ÷ BW
     KV read           Σ b_g·ctx_g·kv                               ÷ BW
     unembedding       Σ V_g·d·s                                    ÷ BW
-    sampler traffic   Σ 8·b_g·V_g when the group is compute-bound  ÷ BW
-                      (GEMM + sampler writes and re-reads fp32 logits; the fused streaming
-                      kernel used below the ridge point never materializes them)
+    sampler traffic   Σ 8·b_g·V_g when the group runs split        ÷ BW
+                      (GEMM + sampler writes and re-reads fp32 logits; the streaming kernel
+                      the engine picks below the crossover b* never materializes them; b* is
+                      `kernels.crossover`'s, the rule the engine's selector uses)
     FLOPs             2·B·N + Σ 2·b_g·V_g·d + 2·Σ b_g·ctx_g·kv/s   ÷ F
                       (backbone, unembedding, attention QKᵀ and AV over the KV elements)
 
@@ -42,7 +43,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from router.devices import DeviceSpec
+from kernels.crossover import DEFAULT_MODE, dtype_for_bytes, picks_split
+from kernels.crossover_calibration import CrossoverCalibration
+from kernels.devices import DeviceSpec
 from router.profiles import HeadProfile, RequestFeatures
 
 log = logging.getLogger(__name__)
@@ -125,12 +128,17 @@ def prefill_s(head: HeadProfile, timer: StepTimer, tokens: float) -> float:
         head.weight_bytes_per_param / d.mem_bw
 
 
-def fused_sampler(batch: int, device: DeviceSpec) -> bool:
-    """The fused streaming kernel while the unembedding is memory-bound (intensity ≈ b)."""
-    return batch < device.ridge_point
+def split_kernel(group: Group, device: DeviceSpec,
+                 calibration: CrossoverCalibration | None = None) -> bool:
+    """Whether the engine runs this group as GEMM + sampler (logits materialized)."""
+    h = group.head
+    return picks_split(group.batch, h.vocab_size, h.hidden_size,
+                       dtype_for_bytes(h.weight_bytes_per_param), DEFAULT_MODE, device,
+                       calibration)
 
 
-def mixed_step_cost(groups: Sequence[Group], device: DeviceSpec) -> StepCost:
+def mixed_step_cost(groups: Sequence[Group], device: DeviceSpec,
+                    calibration: CrossoverCalibration | None = None) -> StepCost:
     if not groups:
         raise ValueError("a step needs at least one head group")
     weights = kv = unembed = sampler = flops = 0.0
@@ -144,7 +152,7 @@ def mixed_step_cost(groups: Sequence[Group], device: DeviceSpec) -> StepCost:
         weights = max(weights, h.backbone_params * s)
         kv += g.batch * g.ctx_tokens * h.kv_bytes_per_token
         unembed += h.unembed_params * s
-        if not fused_sampler(g.batch, device):
+        if split_kernel(g, device, calibration):
             sampler += LOGIT_BYTES * g.batch * h.vocab_size
         flops += 2.0 * g.batch * (h.backbone_params + h.unembed_params)
         flops += 2.0 * g.batch * g.ctx_tokens * h.kv_bytes_per_token / s
@@ -169,9 +177,11 @@ class StepTimer(Protocol):
 @dataclass(frozen=True, slots=True)
 class AnalyticTimer:
     device: DeviceSpec
+    # The engine's kernel calibration for this device, so both pick the same kernel per group.
+    kernel_calibration: CrossoverCalibration | None = None
 
     def step_time(self, groups: Sequence[Group]) -> float:
-        return mixed_step_cost(groups, self.device).estimate_s
+        return mixed_step_cost(groups, self.device, self.kernel_calibration).estimate_s
 
 
 def _timer(model: DeviceSpec | StepTimer) -> StepTimer:

@@ -7,6 +7,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kernels.crossover import dtype_for_bytes
+
 log = logging.getLogger(__name__)
 
 # Fallback bytes/token for English prose when the manifest has no measurement:
@@ -50,8 +52,7 @@ class HeadProfile:
                 raise ValueError(f"{self.name}: {what} must be > 0, got {value}")
         if self.backbone_params < 0 or self.kv_bytes_per_token < 0 or self.training_bytes < 0:
             raise ValueError(f"{self.name}: params, KV bytes and training bytes must be >= 0")
-        if self.weight_bytes_per_param <= 0:
-            raise ValueError(f"{self.name}: weight_bytes_per_param must be > 0")
+        dtype_for_bytes(self.weight_bytes_per_param)  # the kernels' crossover needs a dtype
         if self.bytes_per_token is not None and self.bytes_per_token <= 0:
             raise ValueError(f"{self.name}: bytes_per_token must be > 0")
         if self.bpb is not None and self.bpb <= 0:

@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kernels.devices import DeviceSpec
 from router.affinity import SessionAffinity
 from router.compression import predict_all
 from router.cost import AnalyticTimer, StepTimer
 from router.decisions import DEFAULT_CAPACITY, DecisionLog
-from router.devices import DeviceSpec
 from router.errors import HeadUnavailable, RouterError, UnknownHead, VersionConflict
 from router.policy.base import Decision, Policy, inputs_of
 from router.policy.build import build_policy

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from router.devices import DeviceSpec
+from kernels.crossover_calibration import CrossoverCalibration
+from kernels.devices import DeviceSpec
 from router.errors import CalibrationFileError
 from router.profiles import HeadProfile
 from router.step_time_fit import FittedStepTimer, StepSample
@@ -89,14 +90,16 @@ def seed_timer(timer: FittedStepTimer, samples: Iterable[StepSample]) -> int:
 
 
 def timer_from_file(path: Path, device: DeviceSpec | None = None,
-                    heads: Sequence[HeadProfile] | None = None) -> FittedStepTimer:
+                    heads: Sequence[HeadProfile] | None = None,
+                    kernel_calibration: CrossoverCalibration | None = None) -> FittedStepTimer:
     """A FittedStepTimer seeded from the file: on the file's device and heads unless given."""
     data = read_step_samples(path)
     device = device or data.device
     if device.name != data.device.name:
         log.warning("calibration file %s was measured on %s, the router runs as %s",
                     path, data.device.name, device.name)
-    timer = FittedStepTimer(device, heads if heads is not None else data.heads)
+    timer = FittedStepTimer(device, heads if heads is not None else data.heads,
+                            kernel_calibration)
     used = seed_timer(timer, data.samples)
     fit = timer.fit
     log.info("calibration: %d of %d step samples from %s%s", used, len(data.samples), path,

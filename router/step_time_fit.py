@@ -22,8 +22,9 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from kernels.crossover_calibration import CrossoverCalibration
+from kernels.devices import DeviceSpec
 from router.cost import Group, mixed_step_cost
-from router.devices import DeviceSpec
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,10 @@ class StepTimeFit:
 class FittedStepTimer:
     """A StepTimer that learns from measured steps; thread-safe."""
 
-    def __init__(self, device: DeviceSpec, heads: Iterable = ()) -> None:
+    def __init__(self, device: DeviceSpec, heads: Iterable = (),
+                 kernel_calibration: CrossoverCalibration | None = None) -> None:
         self.device = device
+        self.kernel_calibration = kernel_calibration  # the engine's, for the kernel per group
         self._heads = {h.name: h for h in heads}
         self._lock = threading.Lock()
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=MAX_SAMPLES)
@@ -98,7 +101,7 @@ class FittedStepTimer:
                   if name in self._heads and b > 0]
         if not groups or sample.seconds <= 0:
             return
-        cost = mixed_step_cost(groups, self.device)
+        cost = mixed_step_cost(groups, self.device, self.kernel_calibration)
         key = _shape_key(groups)
         with self._lock:
             old = self._shapes.get(key)
@@ -133,7 +136,7 @@ class FittedStepTimer:
         self._fit = StepTimeFit(c0, cm, cc, len(self._samples), err)
 
     def step_time(self, groups: Sequence[Group]) -> float:
-        cost = mixed_step_cost(groups, self.device)
+        cost = mixed_step_cost(groups, self.device, self.kernel_calibration)
         with self._lock:
             measured = self._shapes.get(_shape_key(groups))
             if measured is not None:

@@ -25,9 +25,12 @@ from heads.checkpoint import load_checkpoint, load_metadata
 from heads.engine.config import EngineConfig
 from heads.manifest import Manifest
 from heads.tokenizer import HeadTokenizer
+from kernels.cache_paths import calibration_dir
+from kernels.crossover_calibration import load_calibration
+from kernels.devices import DeviceSpec, detect_cpu, lookup_device
 from kernels.roofline import DTYPE_BYTES
 from router.admission import Admission, KVBudget, OutputRatio
-from router.devices import DeviceSpec, detect_cpu, lookup_device
+from router.cost import AnalyticTimer, StepTimer
 from router.profiles import HeadProfile
 from router.router import Router
 from router.state import LiveState
@@ -107,10 +110,14 @@ def build_router(manifest: Manifest, settings: Settings) -> tuple[Router, LiveSt
     profiles = head_profiles(manifest, compute_dtype(settings))
     state = LiveState.for_profiles(profiles, settings.batch_window_s, settings.prompt_bpb_alpha)
     device = device_spec(settings.device)
+    # The engine's kernel crossovers on this device, so the cost model prices the same kernel.
+    kernel_cal = load_calibration(device.name, calibration_dir(settings.cache_dir))
     # Calibrated: engine step times (fed by the gateway) replace the analytic midpoint.
-    timer = FittedStepTimer(device, profiles) if settings.calibrate else None
-    if timer is not None and settings.calibration_file is not None:
-        timer = timer_from_file(settings.calibration_file, device, profiles)  # offline samples
+    timer: StepTimer = AnalyticTimer(device, kernel_cal)
+    if settings.calibrate and settings.calibration_file is not None:  # offline samples
+        timer = timer_from_file(settings.calibration_file, device, profiles, kernel_cal)
+    elif settings.calibrate:
+        timer = FittedStepTimer(device, profiles, kernel_cal)
     router = Router(profiles, device, state, settings.policy, timer=timer,
                     decision_log=settings.decision_log_size)
     return router, state

@@ -8,6 +8,7 @@ import sys
 from pydantic import ValidationError
 
 from heads.errors import HeadsError
+from kernels.errors import KernelError
 from router.errors import RouterError
 from server.commands import bench, corpus, export, heads, kernels, model, plan, serve, simulate
 from server.commands.errors import CliError
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         args.run(args)
-    except (CliError, HeadsError, RouterError, FileNotFoundError, ValueError) as e:
+    except (CliError, HeadsError, KernelError, RouterError, FileNotFoundError, ValueError) as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         if isinstance(e, ValidationError):
             first = e.errors()[0]

@@ -44,7 +44,7 @@ class Settings(BaseSettings):
 
     # Initial policy document; the admin API replaces it at runtime.
     policy: dict[str, Any] = Field(default_factory=lambda: {"name": "lifecycle", "params": {}})
-    device: str = "auto"  # a router.devices name, or "auto" to detect this CPU
+    device: str = "auto"  # a kernels.devices name, or "auto" to detect this CPU
     # Routing: live-B smoothing, decision log, λ store, calibration, KV admission.
     batch_window_s: float = Field(default=5.0, ge=0)  # EWMA time constant of live B; 0 = raw
     decision_log_size: int = Field(default=1024, gt=0)  # decisions kept for /admin/decisions

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from router.devices import DEVICES, DeviceSpec
+from kernels.devices import DEVICES, DeviceSpec
 from router.errors import InvalidForecast
 from router.planner.bpt import extrapolate, fit_log_linear
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 import time
 
+from kernels.devices import DeviceSpec
 from router.cost import AnalyticTimer, StepTimer
-from router.devices import DeviceSpec
 from router.guard import QualityGuard
 from router.policy.base import Policy
 from router.policy.builtin import (

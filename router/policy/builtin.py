@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kernels.devices import DeviceSpec
 from router.cost import (
     AnalyticTimer,
     Group,
@@ -32,7 +33,6 @@ from router.cost import (
     request_cost_per_byte,
     train_cost_per_byte,
 )
-from router.devices import DeviceSpec
 from router.policy.spec import CostParams, LifecycleParams, ThresholdParams, WeightedParams
 from router.profiles import HeadProfile, RequestFeatures
 from router.stability import Clock, Stabilizer

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernels.devices import DeviceSpec
 from router.cost import AnalyticTimer, StepTimer
-from router.devices import DeviceSpec
 from router.profiles import HeadProfile
 from router.simulate.engine import SimEngine, SimResult, Texts
 from router.simulate.traces import SimRequest

@@ -14,7 +14,7 @@ import random
 import time
 from pathlib import Path
 
-from router.devices import lookup_device
+from kernels.devices import lookup_device
 from router.profiles import RequestFeatures
 from router.router import Router
 from router.simulate.compare import PAPER_HEADS, policy_doc

@@ -17,8 +17,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from kernels.devices import lookup_device
 from router.cost import AnalyticTimer
-from router.devices import lookup_device
 from router.simulate.compare import POLICIES, Row, best_static, compare, write_csv
 from router.simulate.engine import Texts
 from router.simulate.traces import TRACES, SimRequest, load_trace

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from kernels.devices import DEVICES, DeviceSpec, detect_cpu
 from router.cost import (
     context_tokens,
     infer_cost_per_byte,
@@ -11,7 +12,6 @@ from router.cost import (
     step_cost,
     train_cost_per_byte,
 )
-from router.devices import DEVICES, DeviceSpec, detect_cpu
 from router.profiles import HeadProfile, RequestFeatures, estimate_bytes_per_token
 from tests.router.helpers import N, heads
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from router.devices import DEVICES
+from kernels.devices import DEVICES
 from router.errors import InvalidPolicy
 from router.guard import QualityGuard, estimate
 from router.policy.build import build_policy

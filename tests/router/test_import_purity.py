@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import sys
-import router, router.router, router.cost, router.policy.build, router.state, router.devices
+import router, router.router, router.cost, router.policy.build, router.state
+import kernels.devices, kernels.crossover, kernels.selector
 import router.admission, router.step_time_fit, router.store, router.decisions
 import router.simulate.compare, router.simulate.engine, router.simulate.traces
 import router.planner, router.planner.plan, router.planner.forecast, router.planner.bpt

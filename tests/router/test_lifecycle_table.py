@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import pytest
 
+from kernels.devices import DEVICES
 from router.cost import context_tokens, lifecycle_cost
-from router.devices import DEVICES
 from router.profiles import HeadProfile, RequestFeatures
 
 D, LAYERS = 2048, 24
@@ -48,11 +48,18 @@ def table(device: str, n: float, vocab_bpt: dict[int, float | None]) -> dict[int
 
 
 @pytest.mark.parametrize("device", ["a10g", "a100-80"])
-def test_table_vi_13b_gemma3_heads_matches_the_paper_for_lambda_at_least_1(device: str) -> None:
+def test_table_vi_13b_gemma3_heads_against_the_paper_for_lambda_at_least_1(device: str) -> None:
     got = table(device, 1.2e9, GEMMA3_BPT)
-    assert got == {1: (32, 32, 32, 32), 64: (32, 128, 256, 256), 256: (32, 128, 256, 256)}
-    for batch in BATCHES:  # λ >= 1 agrees; λ = 0 has no 16k head to choose
-        assert got[batch][1:] == PAPER[batch][1:]
+    assert got == {1: (32, 32, 32, 32), 64: (32, 128, 128, 256), 256: (32, 128, 256, 256)}
+    # λ = 0 has no 16k head to choose. One λ >= 1 cell differs: B=64, λ=10. The engine runs
+    # GEMM + sampler from b* = 33 (A10G) / 49 (A100) at V·d = 131k·2048 and 262k·2048, so
+    # both heads pay the b×V fp32 logits there, and 262k's larger V makes it 0.5% (A10G) /
+    # 0.1% (A100) dearer than 131k: a near tie that the paper's model, without sampler
+    # traffic, breaks the other way.
+    for batch in BATCHES:
+        for lam_i, lam in enumerate(LAMBDAS):
+            if lam >= 1 and (batch, lam) != (64, 10):
+                assert got[batch][lam_i] == PAPER[batch][lam_i], (batch, lam)
 
 
 @pytest.mark.parametrize("device", ["a10g", "a100-80"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.devices import DEVICES
+from kernels.devices import DEVICES
 from router.errors import InvalidPolicy
 from router.policy.builtin import CostPolicy, ThresholdPolicy, WeightedPolicy
 from router.policy.spec import CostParams, ThresholdParams, WeightedParams, parse_policy

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from kernels.devices import DEVICES
 from router.cost import context_tokens, lifecycle_cost
-from router.devices import DEVICES
 from router.errors import InvalidPolicy
 from router.policy.builtin import LifecyclePolicy, PinnedPolicy
 from router.policy.spec import LifecycleParams, parse_policy

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
+from kernels.devices import DEVICES
 from router.compression import LIVE_WEIGHT_CAP, predict_output_bpt, stat_key
 from router.cost import AnalyticTimer, Group, marginal_step_s, request_cost_per_byte
-from router.devices import DEVICES
 from router.profiles import HeadTokens, RequestFeatures
 from router.router import Router
 from router.segmentation import PenaltyFit, excluded_by_bound, fit_points, penalties

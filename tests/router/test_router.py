@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from router.devices import DEVICES
+from kernels.devices import DEVICES
 from router.errors import InvalidPolicy, RouterError, UnknownHead
 from router.profiles import RequestFeatures
 from router.router import Router

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.devices import DEVICES
+from kernels.devices import DEVICES
 from router.errors import HeadUnavailable, RouterError, VersionConflict
 from router.profiles import RequestFeatures
 from router.router import Router

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from router.devices import DEVICES
+from kernels.devices import DEVICES
 from router.simulate.compare import best_static, compare, write_csv
 from router.simulate.traces import TRACES, load_trace
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from kernels.devices import DEVICES
 from router.cost import Group, mixed_step_cost
-from router.devices import DEVICES
 from router.errors import CalibrationFileError
 from router.simulate.compare import compare
 from router.simulate.traces import TRACES

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from kernels.devices import DEVICES
 from router.cost import Group, mixed_step_cost
-from router.devices import DEVICES
 from router.step_time_fit import FittedStepTimer, StepSample
 from tests.router.helpers import heads
 

@@ -23,8 +23,8 @@ def test_bench_router_quick(tmp_path) -> None:
 def test_simulate_multilingual_charges_measured_steps(tmp_path, capsys, tiny_model_dir) -> None:
     """Routed by the analytic model, charged both by it and by measured step times."""
     from heads.checkpoint import load_metadata
+    from kernels.devices import DEVICES
     from router.cost import Group, mixed_step_cost
-    from router.devices import DEVICES
     from router.step_time_file import StepSamples, write_step_samples
     from router.step_time_fit import StepSample
     from server.bootstrap import head_profiles
