@@ -12,6 +12,7 @@ no letters of these (digits, punctuation, emoji only).
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 
@@ -67,8 +68,13 @@ def script_histogram(text: str) -> dict[str, int]:
     return out
 
 
+_ASCII_LETTER = re.compile(r"[A-Za-z]")
+
+
 def script_class(text: str) -> str:
     """The dominant script class of `text`; Japanese text counts as kana."""
+    if text.isascii():  # the common case, without numpy's fixed cost: Latin letters or none
+        return "latin" if _ASCII_LETTER.search(text) else UNKNOWN
     hist = script_histogram(text)
     if not hist:
         return UNKNOWN

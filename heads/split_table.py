@@ -31,6 +31,8 @@ from tokenizers import Tokenizer
 from heads.errors import TokenizerError
 from heads.trimming import _byte_symbols, _has_type
 
+SHORT_IDS = 64  # below this many token ids a Python loop beats numpy's fixed per-call cost
+
 log = logging.getLogger(__name__)
 
 _INF = 1 << 60
@@ -50,6 +52,8 @@ class SplitTable:
 
     def expand(self, ids: Sequence[int]) -> list[int]:
         """Native ids -> this head's ids, vectorised: kept ids map to themselves."""
+        if len(ids) < SHORT_IDS and (not ids or max(ids) < self.vocab_size):
+            return list(ids)  # the common short prompt with nothing to split, without numpy
         a = np.asarray(ids, dtype=np.int64)
         if not a.size or int(a.max()) < self.vocab_size:
             return list(ids)

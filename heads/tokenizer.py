@@ -13,7 +13,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from heads.errors import TokenizerError
-from heads.split_table import SplitTable
+from heads.split_table import SHORT_IDS, SplitTable
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class HeadTokenizer:
     _plain: Tokenizer = field(init=False, repr=False, compare=False)
     # [V] bool: ids of byte-fallback tokens (`<0xXX>`), each spelling one byte of the text.
     _byte_ids: np.ndarray = field(init=False, repr=False, compare=False)
+    _byte_set: frozenset[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # A tokenizer.json may carry truncation or padding; either would change encodings
@@ -66,9 +67,11 @@ class HeadTokenizer:
             plain = Tokenizer.from_str(self.tokenizer.to_str())
             plain.encode_special_tokens = True
         object.__setattr__(self, "_plain", plain)
+        byte_set = frozenset(i for t, i in vocab.items() if _BYTE_TOKEN.fullmatch(t))
         byte_ids = np.zeros(self.vocab_size, dtype=bool)
-        byte_ids[[i for t, i in vocab.items() if _BYTE_TOKEN.fullmatch(t)]] = True
+        byte_ids[list(byte_set)] = True
         object.__setattr__(self, "_byte_ids", byte_ids)
+        object.__setattr__(self, "_byte_set", byte_set)
 
     @classmethod
     def from_file(cls, path: Path, vocab_size: int) -> HeadTokenizer:
@@ -115,7 +118,10 @@ class HeadTokenizer:
 
     def fallback_bytes(self, ids: Sequence[int]) -> int:
         """Bytes of text these ids spell with byte-fallback tokens."""
-        return int(self._byte_ids[np.asarray(ids, dtype=np.int64)].sum()) if ids else 0
+        if len(ids) < SHORT_IDS:
+            byte_set = self._byte_set
+            return sum(1 for i in ids if i in byte_set)
+        return int(self._byte_ids[np.asarray(ids, dtype=np.int64)].sum())
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         # tokenizers skips unknown ids silently; an out-of-range id is a bug upstream.

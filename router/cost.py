@@ -231,9 +231,11 @@ def join(live: Sequence[Group], head: HeadProfile, ctx_tokens: float) -> tuple[G
 
 
 def marginal_step_s(head: HeadProfile, timer: StepTimer, live: Sequence[Group],
-                    ctx_tokens: float) -> float:
-    """Seconds per decode step that one more request on `head` adds to the live mix."""
-    before = timer.step_time(live) if live else 0.0
+                    ctx_tokens: float, before: float | None = None) -> float:
+    """Seconds per decode step that one more request on `head` adds to the live mix.
+    `before`: the live mix's own step time, when the caller prices several heads against it."""
+    if before is None:
+        before = live_step_s(timer, live)
     delta = timer.step_time(join(live, head, ctx_tokens)) - before
     # A calibrated timer's measured shapes are noisy; a request never costs less than its own
     # FLOPs at peak (2·(N + V·d) per token, plus attention over its context).
@@ -244,10 +246,15 @@ def marginal_step_s(head: HeadProfile, timer: StepTimer, live: Sequence[Group],
     return max(delta, floor)
 
 
+def live_step_s(timer: StepTimer, live: Sequence[Group]) -> float:
+    return timer.step_time(live) if live else 0.0
+
+
 def request_cost_per_byte(head: HeadProfile, timer: StepTimer, live: Sequence[Group],
-                          features: RequestFeatures) -> float:
-    """C_req: device-seconds per output byte this request adds on `head` (see the header)."""
+                          features: RequestFeatures, before: float | None = None) -> float:
+    """C_req: device-seconds per output byte this request adds on `head` (see the header).
+    `before`: live_step_s(timer, live), when already known."""
     n = max(1, features.max_tokens)
-    step = marginal_step_s(head, timer, live, context_tokens(head, features))
+    step = marginal_step_s(head, timer, live, context_tokens(head, features), before)
     prefill = prefill_s(head, timer, prompt_tokens(head, features))
     return (prefill + n * step) / (n * features.output_bpt(head))

@@ -136,13 +136,14 @@ class FittedStepTimer:
         self._fit = StepTimeFit(c0, cm, cc, len(self._samples), err)
 
     def step_time(self, groups: Sequence[Group]) -> float:
-        cost = mixed_step_cost(groups, self.device, self.kernel_calibration)
+        key = _shape_key(groups)
         with self._lock:
-            measured = self._shapes.get(_shape_key(groups))
+            measured = self._shapes.get(key)
             if measured is not None:
                 return measured
             self._refit()
             fit = self._fit
+        cost = mixed_step_cost(groups, self.device, self.kernel_calibration)
         if fit is None:
             return cost.estimate_s
         fitted = fit.overhead_s + fit.mem_scale * cost.memory_s + fit.cmp_scale * cost.compute_s

@@ -30,6 +30,7 @@ from router.cost import (
     StepTimer,
     context_tokens,
     infer_cost_per_byte,
+    live_step_s,
     request_cost_per_byte,
     train_cost_per_byte,
 )
@@ -104,8 +105,9 @@ class CostPolicy:
         return infer_cost_per_byte(head, self.timer, batch, ctx)
 
     def request_objective(self, head: HeadProfile, features: RequestFeatures,
-                          live: Sequence[Group], lam: float) -> float:
-        return request_cost_per_byte(head, self.timer, live, features)
+                          live: Sequence[Group], lam: float, before: float) -> float:
+        """`before`: the live mix's step time (live_step_s), shared by every head priced."""
+        return request_cost_per_byte(head, self.timer, live, features, before)
 
     def lam(self, snapshot: StateSnapshot) -> float:
         return snapshot.effective_lam()
@@ -137,7 +139,9 @@ class CostPolicy:
                      lam: float) -> Choice:
         live = live_groups(snapshot, profiles, features)
         eligible = [p for p in profiles if p.name not in features.excluded] or list(profiles)
-        costs = {p.name: self.request_objective(p, features, live, lam) for p in eligible}
+        before = live_step_s(self.timer, live)
+        costs = {p.name: self.request_objective(p, features, live, lam, before)
+                 for p in eligible}
         mine = argmin(costs)
         table = _table(costs, self.unit)
         mix = ", ".join(f"{g.head.name}×{g.batch}" for g in live) or "idle"
@@ -180,8 +184,9 @@ class LifecyclePolicy(CostPolicy):
         return infer_cost_per_byte(head, self.timer, batch, ctx) + self._train(head, lam)
 
     def request_objective(self, head: HeadProfile, features: RequestFeatures,
-                          live: Sequence[Group], lam: float) -> float:
-        return request_cost_per_byte(head, self.timer, live, features) + self._train(head, lam)
+                          live: Sequence[Group], lam: float, before: float) -> float:
+        return request_cost_per_byte(head, self.timer, live, features, before) + \
+            self._train(head, lam)
 
     def lam(self, snapshot: StateSnapshot) -> float:
         override = self.params.lambda_override

@@ -123,23 +123,29 @@ def _sse(chunks: AsyncGenerator[str, None], run: RequestRun,
 
 async def _collect(run: RequestRun, collect: Callable[[], Awaitable[None]],
                    request: Request) -> None:
-    """Run `collect`, cancelling it if the client goes away first; the run ends either way."""
-    task = asyncio.ensure_future(collect())
+    """Run `collect` in this task, cancelling it if the client goes away first; the run ends
+    either way. One watcher task per request: collecting in a task of its own as well, and
+    waiting on both, would cost a second task and a wait per request."""
+    handler = asyncio.current_task()
+    assert handler is not None
+    gone = False
 
     async def watch() -> None:
+        nonlocal gone
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        gone = True
+        handler.cancel()
 
     watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await collect()
+    except asyncio.CancelledError:
+        if gone:
+            raise asyncio.CancelledError("client disconnected") from None
+        raise
     finally:
-        for t in (watcher, task):
-            if not t.done():
-                t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher  # a cancelled watcher left unawaited can stay pending for good
         await run.close()
-    if task.cancelled():
-        raise asyncio.CancelledError("client disconnected")
-    task.result()

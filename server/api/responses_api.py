@@ -5,7 +5,6 @@ a Response object or the Responses stream's typed events."""
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -14,6 +13,7 @@ from server.api.schemas import IGNORED_FIELDS, ChatCompletionRequest, ResponsesR
 from server.errors import BadRequest
 from server.gateway.generation import Delta, Outcome
 from server.gateway.request_plan import RequestPlan
+from server.ops.request_context import new_id
 
 ROLES = ("system", "developer", "user", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -78,7 +78,7 @@ class ResponseBuilder:
     def __init__(self, plan: RequestPlan, body: ResponsesRequest) -> None:
         self.plan, self.body = plan, body
         self.id = "resp_" + plan.request_id.split("-", 1)[-1]
-        self.item_id = "msg_" + secrets.token_hex(12)
+        self.item_id = new_id("msg_")
 
     def item(self, text: str, status: str) -> dict[str, Any]:
         content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]

@@ -12,6 +12,7 @@ Built once in the app's lifespan, with all of its collaborators, and injected in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -167,17 +168,40 @@ class Gateway:
 
     async def _run(self, plan: RequestPlan, outcomes: list[Outcome], charge: Charge,
                    ticket: Ticket | None) -> AsyncGenerator[Delta | None, None]:
-        """Merge the choices into one stream of deltas, in arrival order; the first yield
-        (None) only marks the generator started."""
-        queue: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue()
-        tasks: list[asyncio.Task] = []
+        """The choices' deltas, in arrival order; the first yield (None) only marks the
+        generator started."""
         status = "error"
         span = None
         try:
             yield None
             span = self.tracing.start("generate")  # not current: it spans the yields
-            tasks = [asyncio.create_task(self._pump(plan, j, o, queue))
-                     for j, o in zip(plan.jobs, outcomes, strict=True)]
+            if len(plan.jobs) == 1:  # nothing to merge: no pump task or queue in between
+                job = plan.jobs[0]
+                deltas = generate_text(self.backend, self.tokenizers[plan.head], job.request,
+                                       list(job.stops), job.index, outcomes[0])
+            else:
+                deltas = self._merged(plan, outcomes)
+            # Closing `deltas` (here, or when this generator is closed) aborts the choices
+            # still running in the engine, which frees their KV blocks.
+            async with contextlib.aclosing(deltas):
+                async for d in deltas:
+                    yield d
+            status = "200"
+        except (asyncio.CancelledError, GeneratorExit):
+            status = "499"  # client closed the request (nginx's convention)
+            raise
+        finally:
+            if span is not None:
+                span.end()
+            await self._finish(plan, outcomes, charge, ticket, status)
+
+    async def _merged(self, plan: RequestPlan,
+                      outcomes: list[Outcome]) -> AsyncGenerator[Delta, None]:
+        """Several choices at once: one pump task each, merged through a queue."""
+        queue: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue()
+        tasks = [asyncio.create_task(self._pump(plan, j, o, queue))
+                 for j, o in zip(plan.jobs, outcomes, strict=True)]
+        try:
             done = 0
             while done < len(tasks):
                 item = await queue.get()
@@ -187,17 +211,10 @@ class Gateway:
                     raise item
                 else:
                     yield item
-            status = "200"
-        except (asyncio.CancelledError, GeneratorExit):
-            status = "499"  # client closed the request (nginx's convention)
-            raise
         finally:
             for t in tasks:  # aborts each choice in the engine, which frees its blocks
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if span is not None:
-                span.end()
-            await self._finish(plan, outcomes, charge, ticket, status)
 
     async def _pump(self, plan: RequestPlan, job: ChoiceJob, outcome: Outcome,
                     queue: asyncio.Queue[Delta | BaseException | None]) -> None:

@@ -7,7 +7,7 @@ backend stream as soon as the request is done, which aborts it in the engine.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from heads.engine.types import GenerationRequest, PromptScore, TokenEvent
@@ -68,7 +68,7 @@ async def generate_text(
     stops: list[str],
     index: int,
     outcome: Outcome,
-) -> AsyncIterator[Delta]:
+) -> AsyncGenerator[Delta, None]:
     detok = IncrementalDetokenizer(tokenizer)
     matcher = StopStringMatcher(stops)
     eos = request.stop_token_ids

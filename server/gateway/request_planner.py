@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from server.gateway.chat_template import render_chat
 from server.gateway.prompt_bpb import PromptBpbConfig
 from server.gateway.request_plan import ChoiceJob, RequestPlan
 from server.ops.metrics import Metrics
+from server.ops.request_context import new_id
 from server.ops.tracing import NoTracing
 from server.settings import Settings
 
@@ -202,8 +202,8 @@ class RequestPlanner:
                               decision=decision.code)
         if self.observe_request is not None:
             self.observe_request(encoded.prompt_bytes, max_tokens)
-        request_id = ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12)
-        base_seed = body.seed if body.seed is not None else secrets.randbits(62)
+        request_id = new_id("cmpl-" if kind == "completion" else "chatcmpl-")
+        base_seed = body.seed if body.seed is not None else random.getrandbits(62)
         score, positions = self.prompt_bpb.request(body.prompt_bpb, self._bpb_rng)
         template = GenerationRequest(request_id, decision.head, (), max_tokens,
                                      RowParams(body.temperature, body.top_p, body.top_k,
