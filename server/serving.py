@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
+from server.ops.logging_setup import configure_logging
 from server.ops.readiness import Phase
-from server.settings import Settings
+from server.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# How `serve_workers` hands its settings' sources to the worker processes it spawns.
+WORKER_ARGS_ENV = "POLYHEAD_WORKER_ARGS"
 
 
 class DrainingServer(uvicorn.Server):
@@ -68,3 +78,27 @@ def serve(app: FastAPI, settings: Settings) -> None:
         app.state.lifecycle.phase = Phase.DRAINING
 
     DrainingServer(config, drain, settings.shutdown_delay_s).run()
+
+
+def serve_workers(settings: Settings, config_file: Path | None, flags: dict[str, Any]) -> None:
+    """`settings.workers` uvicorn processes on one socket. Each worker rebuilds the settings
+    from the same sources (config file, environment, these CLI flags), then its own app."""
+    if settings.redis_url is None:
+        log.warning("%d workers without redis_url: each keeps its own rate limits, usage, λ "
+                    "and policy", settings.workers)
+    os.environ[WORKER_ARGS_ENV] = json.dumps(
+        {"config": None if config_file is None else str(config_file), "flags": flags})
+    uvicorn.run("server.serving:worker_app", factory=True, host=settings.host,
+                port=settings.port, workers=settings.workers, log_config=None,
+                timeout_graceful_shutdown=settings.shutdown_grace_s)
+
+
+def worker_app() -> FastAPI:
+    """uvicorn's app factory in each worker process of `serve_workers`."""
+    from server.bootstrap import create_app
+
+    args = json.loads(os.environ[WORKER_ARGS_ENV])
+    settings = load_settings(None if args["config"] is None else Path(args["config"]),
+                             **args["flags"])
+    configure_logging(settings.log_format, settings.log_level)
+    return create_app(settings)

@@ -86,6 +86,11 @@ class Settings(BaseSettings):
     torch_threads: int = Field(default=0, ge=0)  # 0 keeps torch's default
     prefix_caching: bool = True  # local engine: reuse KV blocks of repeated prompt prefixes
 
+    # uvicorn worker processes on one port. Each builds its own engine, router and limits;
+    # with redis_url set they share rate limits, usage, λ and the policy, without it each
+    # worker keeps its own. /metrics answers for the worker that takes the scrape, and
+    # shutdown_delay_s applies only to a single process.
+    workers: int = Field(default=1, ge=1)
     shutdown_grace_s: int = Field(default=30, ge=0)  # time for in-flight streams to finish
     # After SIGTERM, /readyz is 503 and new API requests get 503 for this long before the
     # listener closes, so load balancers see the drain before connections are refused.

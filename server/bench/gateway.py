@@ -4,7 +4,9 @@ Each backend gets its own `polyhead serve` process on loopback; an async httpx c
 this process is the load generator:
 - latency: an open loop at a fixed rate; added latency per request = client latency minus
   the engine's wait that the gateway reports in `server-timing: engine;dur=...`;
-- throughput: a closed loop at fixed concurrency; the sustained completions/s;
+- throughput: a closed loop at fixed concurrency on raw sockets (server.bench.raw_load); the
+  sustained completions/s and the server's CPU per completion, for the gateway with one and
+  with two uvicorn workers, and for the framework floor (a bare FastAPI endpoint);
 - streams: N concurrent SSE streams held open (echo backend with a per-token delay);
 - features: what request-aware routing adds (the prompt tokenized with every head before the
   decision), as the added latency of a 2 KB prompt on the echo backend under a content-blind
@@ -29,6 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
+
+from server.bench.raw_load import closed_loop_raw
 
 BODY = {"model": "tiny", "prompt": "bench", "max_tokens": 1, "temperature": 0}
 
@@ -181,31 +185,13 @@ async def open_loop(url: str, backend: str, rps: float, seconds: float,
 
 async def closed_loop(url: str, backend: str, concurrency: int, seconds: float,
                       pid: int | None = None) -> Result:
-    """`pid`: the server process whose CPU time per completed request is measured."""
-    done, errors, lat = 0, 0, []
-    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(
-            max_connections=concurrency, max_keepalive_connections=concurrency)) as client:
-        stop = time.perf_counter() + seconds
-
-        async def worker() -> None:
-            nonlocal done, errors
-            while time.perf_counter() < stop:
-                t0 = time.perf_counter()
-                r = await client.post(f"{url}/v1/completions", json=BODY)
-                if r.status_code == 200:
-                    done += 1
-                    lat.append(time.perf_counter() - t0)
-                else:
-                    errors += 1
-
-        cpu0 = cpu_seconds(pid) if pid else 0.0
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        took = time.perf_counter() - start
-        cpu = cpu_seconds(pid) - cpu0 if pid else None
-    return Result(backend, f"max-rps@c{concurrency}", done + errors, errors, took,
-                  done / took, _pct(lat, 0.5), _pct(lat, 0.99),
-                  cpu_ms_per_req=None if cpu is None or not done else cpu / done * 1e3)
+    """Max req/s through server.bench.raw_load (a light client, so the server saturates
+    first); `pid`: the server process whose CPU time per completed request is measured."""
+    r = await closed_loop_raw(url, "/v1/completions", BODY, concurrency, seconds,
+                              None if pid is None else lambda: cpu_seconds(pid))
+    return Result(backend, f"max-rps@c{concurrency}", r.ok + r.errors, r.errors, r.seconds,
+                  r.ok / r.seconds, _pct(r.latencies_s, 0.5), _pct(r.latencies_s, 0.99),
+                  cpu_ms_per_req=None if r.cpu_s is None or not r.ok else r.cpu_s / r.ok * 1e3)
 
 
 async def hold_streams(url: str, n: int, tokens: int) -> Result:

@@ -12,6 +12,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
     serve.add_argument("--config", type=Path, help="settings file (.toml or .json)")
+    serve.add_argument("--workers", type=int,
+                       help="uvicorn worker processes (default 1; share state via redis_url)")
     serve.set_defaults(run=_serve)
 
 
@@ -20,13 +22,16 @@ def _serve(args: argparse.Namespace) -> None:
     from server.bootstrap import create_app
     from server.model_source import resolve_model_dir
     from server.ops.logging_setup import configure_logging
-    from server.serving import serve
+    from server.serving import serve, serve_workers
     from server.settings import load_settings
 
     flags = {k: v for k, v in (("model", args.model), ("host", args.host),
-                               ("port", args.port)) if v is not None}
+                               ("port", args.port), ("workers", args.workers)) if v is not None}
     settings = load_settings(args.config, **flags)
     configure_logging(settings.log_format, settings.log_level)
     # Fail fast, with one line, before uvicorn starts: the lifespan would print a traceback.
     validate_checkpoint(resolve_model_dir(settings.model, settings.cache_dir))
-    serve(create_app(settings), settings)
+    if settings.workers > 1:  # each worker builds its own app: none is built here
+        serve_workers(settings, args.config, flags)
+    else:
+        serve(create_app(settings), settings)
