@@ -38,17 +38,14 @@ def session_id(request: Request) -> str | None:
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, gw: GatewayDep,
                       client: ClientDep):
-    plan = gw.plan_completion(body, session_id(request))
-    run = await _admit(plan, body, request, gw, client)
-    return await _respond(run, body, request, gw.tokenizers[run.plan.head].decode)
+    return await _complete(gw.plan_completion(body, session_id(request)), body, request, gw,
+                           client)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, gw: GatewayDep,
                            client: ClientDep):
-    plan = gw.plan_chat(body, session_id(request))
-    run = await _admit(plan, body, request, gw, client)
-    return await _respond(run, body, request, gw.tokenizers[run.plan.head].decode)
+    return await _complete(gw.plan_chat(body, session_id(request)), body, request, gw, client)
 
 
 @router.post("/v1/responses")
@@ -71,6 +68,13 @@ async def responses(body: ResponsesRequest, request: Request, gw: GatewayDep,
     await _collect(run, collect, request)
     built = ResponseBuilder(run.plan, body).response("".join(parts), finish[0], run.outcomes)
     return JSONResponse(built, headers=headers)
+
+
+async def _complete(plan: RequestPlan, body: CompletionRequest | ChatCompletionRequest,
+                    request: Request, gw: GatewayDep, client: str):
+    """Admit the plan, then respond: what both completion routes do once planned."""
+    run = await _admit(plan, body, request, gw, client)
+    return await _respond(run, body, request, gw.tokenizers[run.plan.head].decode)
 
 
 async def _admit(plan: RequestPlan, body: CompletionRequest | ChatCompletionRequest,

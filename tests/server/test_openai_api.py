@@ -162,3 +162,31 @@ def test_cancel_mid_stream_frees_the_engine(gateway):
         asyncio.run(asyncio.sleep(0.1))
     else:
         pytest.fail(f"blocks not freed after disconnect: {m}")
+
+
+def test_client_gone_mid_json_completion_frees_engine_and_reservation(gateway):
+    """A non-streamed request whose client hangs up: the disconnect watcher cancels the run,
+    which aborts the engine sequence and releases its KV reservation."""
+    from tests.server.metrics_util import scrape
+
+    def gone(m: dict) -> float:  # finished /v1/completions requests whose client went away
+        return sum(v for (name, labels), v in m.items()
+                   if name == "polyhead_requests_total" and ("status", "499") in labels
+                   and ("route", "/v1/completions") in labels)
+
+    before = gone(scrape(gateway.url))
+    body = {"model": f"{MODEL}:8k", "prompt": "hang up on me", "max_tokens": 2000,
+            "temperature": 0.8}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=httpx.Timeout(
+            30, read=1.0))
+    for _ in range(100):
+        m = scrape(gateway.url)
+        if (m[("polyhead_kv_blocks_used", ())] == 0
+                and m[("polyhead_running_requests", (("head", "8k"),))] == 0
+                and m[("polyhead_kv_reserved_blocks", ())] == 0
+                and gone(m) == before + 1):  # ended as a disconnect (499), not at max_tokens
+            break
+        asyncio.run(asyncio.sleep(0.1))
+    else:
+        pytest.fail(f"engine or reservation not freed after the client left: {m}")

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import signal
-import threading
 import time
 
 import httpx
 import pytest
 
 from tests.conftest import start_gateway
+from tests.process_util import InFlightStreams
 
 pytestmark = pytest.mark.integration
 
@@ -35,24 +35,12 @@ def test_two_workers_serve_and_drain_on_sigterm(tiny_model_dir, tmp_path):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         assert list(pool.map(one, range(64))) == [200] * 64
 
-    results: list[tuple[int, str | None]] = []
-    started = threading.Barrier(7)
-
-    def stream(i: int) -> None:
-        sbody = {"model": "tiny", "prompt": f"drain {i}", "max_tokens": 100, "stream": True}
-        with httpx.stream("POST", f"{gw.url}/v1/completions", json=sbody, timeout=60) as r:
-            started.wait()
-            chunks = [line for line in r.iter_lines() if line.startswith("data: ")]
-            results.append((r.status_code, chunks[-1] if chunks else None))
-
-    threads = [threading.Thread(target=stream, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    started.wait(timeout=30)
+    streams = InFlightStreams(gw.url, 6, max_tokens=100)
+    streams.start()
     t0 = time.monotonic()
     gw.process.send_signal(signal.SIGTERM)
-    for t in threads:
-        t.join(timeout=60)
+    results = streams.join()
     assert gw.process.wait(timeout=60) == 0
     assert time.monotonic() - t0 > 1.0  # 100 tokens at 20 ms: the streams outlived the signal
-    assert results == [(200, "data: [DONE]")] * 6
+    assert all(code == 200 and last == "data: [DONE]" for code, last, _ in results)
+    assert len(results) == 6
