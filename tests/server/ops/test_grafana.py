@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "polyhead-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "polyhead-dashboard.json"
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
              "info": ("_info",), "gauge": ("",)}
 
@@ -40,7 +40,7 @@ def test_dashboard_metrics_exist(gateway):
 
 
 def test_every_exported_metric_is_documented(gateway):
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "metrics.md").read_text()
     text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
     missing = []
     for family in text_string_to_metric_families(text):

@@ -86,7 +86,7 @@ def test_disabled_by_default_imports_no_otel_sdk(tiny_model_dir, tmp_path):
         f"bad = [m for m in sys.modules if m.startswith({NOT_IMPORTED!r})]\n"
         "assert not bad, bad\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[3])
 
 
 def test_disabled_create_app_imports_no_opentelemetry_module(tiny_model_dir, tmp_path):

@@ -20,7 +20,7 @@ import pytest
 from server.backends.vllm.discovery import K8sConfig, K8sDiscovery
 from tests.conftest import start_gateway, stop_gateway
 from tests.server.metrics_util import scrape
-from tests.server.test_vllm_discovery import (
+from tests.server.backends.test_vllm_discovery import (
     SVC,
     FakeReplica,
     endpoint,

@@ -15,7 +15,7 @@ import yaml
 from tests.conftest import free_port, start_gateway, stop_gateway
 
 pytestmark = pytest.mark.integration
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "prometheus"
 
 
 def _tool(name: str) -> str:
