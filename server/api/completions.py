@@ -38,21 +38,22 @@ def session_id(request: Request) -> str | None:
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, gw: GatewayDep,
                       client: ClientDep):
-    return await _complete(gw.plan_completion(body, session_id(request)), body, request, gw,
-                           client)
+    return await _complete(await gw.plan_completion(body, session_id(request)), body, request,
+                           gw, client)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, gw: GatewayDep,
                            client: ClientDep):
-    return await _complete(gw.plan_chat(body, session_id(request)), body, request, gw, client)
+    return await _complete(await gw.plan_chat(body, session_id(request)), body, request, gw,
+                           client)
 
 
 @router.post("/v1/responses")
 async def responses(body: ResponsesRequest, request: Request, gw: GatewayDep,
                     client: ClientDep):
     chat = to_chat(body)
-    plan = gw.plan_chat(chat, session_id(request), route="/v1/responses")
+    plan = await gw.plan_chat(chat, session_id(request), route="/v1/responses")
     run = await _admit(plan, chat, request, gw, client)
     headers = _headers(run.plan, chat, request)
     if body.stream:

@@ -28,8 +28,8 @@ async def tokenize(body: TokenizeRequest, gw: GatewayDep, _: ClientDep) -> JSONR
     planner.check_prompt_bytes(len(text.encode()), "messages" if chat else "prompt")
     pinned = planner.pinned_head(body.model or gw.manifest.model_name)
     gw.refresh_load()  # the choice /v1/completions would make now, for a default max_tokens
-    encoded, decision = planner.route([text], chat, planner.limits.default_max_tokens, pinned,
-                                      preview=True)
+    encoded, decision = await planner.route([text], chat, planner.limits.default_max_tokens,
+                                            pinned, preview=True)
     head = decision.head
     if body.add_special_tokens:
         ids = list(encoded.heads[head].ids[0])

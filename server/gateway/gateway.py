@@ -84,14 +84,15 @@ class Gateway:
 
     # --- 1. plan ------------------------------------------------------------------------------
 
-    def plan_completion(self, body: CompletionRequest, session: str | None) -> RequestPlan:
+    async def plan_completion(self, body: CompletionRequest,
+                              session: str | None) -> RequestPlan:
         self.refresh_load()
-        return self.planner.completion(body, session)
+        return await self.planner.completion(body, session)
 
-    def plan_chat(self, body: ChatCompletionRequest, session: str | None,
-                  route: str = "/v1/chat/completions") -> RequestPlan:
+    async def plan_chat(self, body: ChatCompletionRequest, session: str | None,
+                        route: str = "/v1/chat/completions") -> RequestPlan:
         self.refresh_load()
-        return self.planner.chat(body, session, route)
+        return await self.planner.chat(body, session, route)
 
     def refresh_load(self) -> None:
         """The engine's live batch per head for the router, and its step times for the fit."""

@@ -6,6 +6,7 @@ choice. Nothing here reserves anything; the gateway admits a plan afterwards.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import random
@@ -55,6 +56,11 @@ class Limits:
                       max_model_len, s.max_num_batched_tokens, s.max_n, s.max_prompt_bytes)
 
 
+# Prompts from this many characters are tokenized off the event loop: about 1 ms of
+# tokenizing over three heads, more than a thread hand-off costs.
+OFFLOAD_CHARS = 4096
+
+
 class RequestPlanner:
     """`observe_request(prompt_bytes, max_tokens)` feeds KV admission's typical request."""
 
@@ -89,7 +95,8 @@ class RequestPlanner:
             )
         return head
 
-    def completion(self, body: CompletionRequest, session: str | None = None) -> RequestPlan:
+    async def completion(self, body: CompletionRequest,
+                         session: str | None = None) -> RequestPlan:
         """`session`: the client's conversation id (x-session-id), for session affinity."""
         self._check_shape(body)
         self._reject_unsupported(body)
@@ -100,14 +107,14 @@ class RequestPlanner:
                              param="logprobs")
         token_prompts = body.token_prompts()
         if token_prompts is not None:
-            return self._token_ids(body, token_prompts, session)
+            return await self._token_ids(body, token_prompts, session)
         texts = body.prompts()
         if not texts:
             raise BadRequest("prompt must not be empty", param="prompt")
-        return self._plan("completion", "/v1/completions", body, texts,
-                          chat=False, logprobs=body.logprobs is not None, session=session)
+        return await self._plan("completion", "/v1/completions", body, texts,
+                                chat=False, logprobs=body.logprobs is not None, session=session)
 
-    def _token_ids(self, body: CompletionRequest, prompts: list[list[int]],
+    async def _token_ids(self, body: CompletionRequest, prompts: list[list[int]],
                    session: str | None) -> RequestPlan:
         """A prompt given as token ids: they mean something under one head's tokenizer
         only, so the request must pin it. Planned as its decoded text (routing, limits),
@@ -131,8 +138,8 @@ class RequestPlanner:
                                  f"{self.limits.max_prompt_tokens}", param="prompt")
         tok = self.tokenizers[head]
         texts = [tok.decode(ids, skip_special_tokens=False) for ids in prompts]
-        plan = self._plan("completion", "/v1/completions", body, texts,
-                          chat=False, logprobs=body.logprobs is not None, session=session)
+        plan = await self._plan("completion", "/v1/completions", body, texts,
+                                chat=False, logprobs=body.logprobs is not None, session=session)
         max_tokens = plan.jobs[0].request.max_tokens
         if max(len(ids) for ids in prompts) + max_tokens > self.limits.max_model_len:
             raise BadRequest(f"prompt + max_tokens ({max_tokens}) exceeds the model's context "
@@ -148,8 +155,8 @@ class RequestPlanner:
         return dataclasses.replace(plan, jobs=jobs, encoded=encoded,
                                    prompt_tokens=sum(len(p) for p in prompts))
 
-    def chat(self, body: ChatCompletionRequest, session: str | None = None,
-             route: str = "/v1/chat/completions") -> RequestPlan:
+    async def chat(self, body: ChatCompletionRequest, session: str | None = None,
+                   route: str = "/v1/chat/completions") -> RequestPlan:
         self._check_shape(body)
         self._reject_unsupported(body)
         if body.tools or body.tool_choice not in (None, "none"):
@@ -160,8 +167,8 @@ class RequestPlanner:
             raise BadRequest("top_logprobs is not supported; use logprobs=true",
                              param="top_logprobs")
         text = self.chat_prompt(body.messages)
-        return self._plan("chat", route, body, [text], chat=True, logprobs=body.logprobs,
-                          max_tokens=body.effective_max_tokens(), session=session)
+        return await self._plan("chat", route, body, [text], chat=True, logprobs=body.logprobs,
+                                max_tokens=body.effective_max_tokens(), session=session)
 
     def chat_prompt(self, messages: list[ChatMessage]) -> str:
         """The prompt text the model's chat template renders for `messages`."""
@@ -183,7 +190,7 @@ class RequestPlanner:
             self.check_prompt_bytes(sum(len(m.text().encode()) for m in body.messages),
                                     "messages")
 
-    def _plan(
+    async def _plan(
         self, kind: str, route: str, body: SamplingFields, texts: list[str], *,
         chat: bool, logprobs: bool, max_tokens: int | None = None, session: str | None = None,
     ) -> RequestPlan:
@@ -197,7 +204,7 @@ class RequestPlanner:
         if len(stops) > self.limits.max_stop_sequences:
             raise BadRequest(f"at most {self.limits.max_stop_sequences} stop sequences",
                              param="stop")
-        encoded, decision = self.route(texts, chat, max_tokens, pinned, session=session)
+        encoded, decision = await self.route(texts, chat, max_tokens, pinned, session=session)
         self.tracing.annotate(head=decision.head, policy=decision.policy,
                               decision=decision.code)
         if self.observe_request is not None:
@@ -220,16 +227,17 @@ class RequestPlanner:
                            bool(body.stream_options and body.stream_options.include_usage),
                            started, encoded, chat)
 
-    def route(self, texts: list[str], chat: bool, max_tokens: int, pinned: str | None,
-              preview: bool = False, session: str | None = None
-              ) -> tuple[EncodedPrompt, Decision]:
+    async def route(self, texts: list[str], chat: bool, max_tokens: int, pinned: str | None,
+                    preview: bool = False, session: str | None = None
+                    ) -> tuple[EncodedPrompt, Decision]:
         """Tokenize, then decide; a request-aware policy sees every head's tokens first, a
         pinned request or a content-blind policy only needs the chosen head's. `preview`:
-        what the router would choose, without recording a decision (/tokenize)."""
+        what the router would choose, without recording a decision (/tokenize). The decision
+        itself always runs on the event loop: policies keep state between requests."""
         decide = self.router.preview if preview else self.router.decide
         if pinned is None and self.router.request_aware:
             with self.tracing.span("tokenize"):
-                encoded = self.encoder.encode(texts, chat)
+                encoded = await self._encode(texts, chat, None)
             tokens = {h: HeadTokens(p.tokens, p.fallback_bytes) for h, p in encoded.heads.items()}
             features = RequestFeatures(encoded.prompt_bytes, max_tokens, None, tokens,
                                        encoded.script, session)
@@ -239,7 +247,15 @@ class RequestPlanner:
             decision = decide(RequestFeatures(
                 sum(len(t.encode()) for t in texts), max_tokens, pinned, session=session))
         with self.tracing.span("tokenize"):
-            return self.encoder.encode(texts, chat, [decision.head]), decision
+            return await self._encode(texts, chat, [decision.head]), decision
+
+    async def _encode(self, texts: list[str], chat: bool,
+                      heads: list[str] | None) -> EncodedPrompt:
+        """Tokenize on the event loop when the prompt is short; a long one goes to a worker
+        thread (the tokenizers release the GIL), so it does not stall every other request."""
+        if sum(len(t) for t in texts) < OFFLOAD_CHARS:
+            return self.encoder.encode(texts, chat, heads)
+        return await asyncio.to_thread(self.encoder.encode, texts, chat, heads)
 
     def on_head(self, plan: RequestPlan, head: str) -> RequestPlan:
         """The same request moved to another head (KV spill): its prompts tokenized and its

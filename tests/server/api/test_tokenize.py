@@ -83,3 +83,21 @@ def test_detokenize_errors(gateway):
     assert r.status_code == 400
     r = post(gateway, "/tokenize", {"model": "gpt-4", "prompt": "x"})
     assert r.status_code == 404
+
+
+def test_long_prompt_tokenized_off_the_loop_matches_the_tokenizer(gateway, tiny_model_dir):
+    """A prompt past the planner's offload size is tokenized in a worker thread; the ids are
+    the head tokenizer's own, BOS first, on every head the request-aware policy priced."""
+    from heads.checkpoint import load_metadata
+    from server.gateway.request_planner import OFFLOAD_CHARS
+
+    text = ("Mixed prose, numbers 1887 and Привет мир. " * 200)[: OFFLOAD_CHARS * 2]
+    manifest, tokenizers = load_metadata(tiny_model_dir)
+    r = post(gateway, "/tokenize", {"model": MODEL, "prompt": text})
+    assert r.status_code == 200, r.text
+    head = r.json()["head"]
+    spec = manifest.head(head)
+    want = tokenizers[head].encode(text)
+    if spec.bos_token_id is not None:
+        want = [spec.bos_token_id, *want]
+    assert r.json()["tokens"] == want
