@@ -289,9 +289,9 @@ def create_app(settings: Settings, *, span_exporter: Any | None = None) -> FastA
         # Closed in reverse order of entry: the planner, routing state, client guard, engine.
         async with AsyncExitStack() as ops:
             app.state.gateway = await _build(app, settings, ops)
-            # What startup built (modules, torch, tokenizers, the model) lives as long as the
-            # process: out of the collector's reach, a full collection no longer walks those
-            # few hundred thousand objects (~200 ms each, every few thousand requests).
+            # What startup built (modules, torch, tokenizers, the model: ~230k objects) lives
+            # as long as the app: out of the collector's reach, a full collection stops
+            # walking it (0.1-0.2 s each on a 2-core VM, every few thousand requests).
             gc.freeze()
             lifecycle.phase = Phase.READY
             log.info("polyhead listening on http://%s:%d", settings.host, settings.port)
@@ -299,6 +299,7 @@ def create_app(settings: Settings, *, span_exporter: Any | None = None) -> FastA
                 yield
             finally:
                 lifecycle.phase = Phase.DRAINING
+                gc.unfreeze()  # collectable again: an app torn down in a longer-lived process
         app.state.tracing.shutdown()  # flushes the batched spans
 
     app = FastAPI(title="polyhead", version="0.1.0", lifespan=lifespan)
