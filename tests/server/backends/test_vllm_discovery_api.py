@@ -19,7 +19,6 @@ import pytest
 
 from server.backends.vllm.discovery import K8sConfig, K8sDiscovery
 from tests.conftest import start_gateway, stop_gateway
-from tests.server.metrics_util import scrape
 from tests.server.backends.test_vllm_discovery import (
     SVC,
     FakeReplica,
@@ -27,6 +26,7 @@ from tests.server.backends.test_vllm_discovery import (
     endpoint_slice,
     slice_list,
 )
+from tests.server.metrics_util import scrape
 from tests.vllm_util import STARTUP_S
 
 NS = "polyhead"
