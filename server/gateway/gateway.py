@@ -41,12 +41,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class RequestRun:
-    """An admitted request and what it holds until it ends: the client's charge and its KV
-    ticket. Iterate it for the deltas; `close` (or the end of iteration) gives both back."""
+    """An admitted request. Its generator holds the client's charge and the KV ticket until
+    it ends; iterate the run for the deltas, and `close` (or the end of iteration) gives both
+    back."""
 
     plan: RequestPlan
-    charge: Charge
-    ticket: Ticket | None
     outcomes: list[Outcome]
     _deltas: AsyncGenerator[Delta | None, None] | None = field(default=None, repr=False)
 
@@ -117,7 +116,7 @@ class Gateway:
         except BaseException:
             await self.guard.settle(charge, 0)  # nothing ran: give the output budget back
             raise
-        run = RequestRun(plan, charge, ticket, [Outcome() for _ in plan.jobs])
+        run = RequestRun(plan, [Outcome() for _ in plan.jobs])
         # The generator holds the parts, not the run: no reference cycle, so a run dropped
         # unread is finalized at once rather than at the next garbage collection.
         run._deltas = self._run(plan, run.outcomes, charge, ticket)
@@ -176,12 +175,9 @@ class Gateway:
         try:
             yield None
             span = self.tracing.start("generate")  # not current: it spans the yields
-            if len(plan.jobs) == 1:  # nothing to merge: no pump task or queue in between
-                job = plan.jobs[0]
-                deltas = generate_text(self.backend, self.tokenizers[plan.head], job.request,
-                                       list(job.stops), job.index, outcomes[0])
-            else:
-                deltas = self._merged(plan, outcomes)
+            # One choice has nothing to merge: no pump task or queue in between.
+            deltas = (self._generate(plan, plan.jobs[0], outcomes[0]) if len(plan.jobs) == 1
+                      else self._merged(plan, outcomes))
             # Closing `deltas` (here, or when this generator is closed) aborts the choices
             # still running in the engine, which frees their KV blocks.
             async with contextlib.aclosing(deltas):
@@ -217,11 +213,15 @@ class Gateway:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _generate(self, plan: RequestPlan, job: ChoiceJob,
+                  outcome: Outcome) -> AsyncGenerator[Delta, None]:
+        return generate_text(self.backend, self.tokenizers[plan.head], job.request,
+                             list(job.stops), job.index, outcome)
+
     async def _pump(self, plan: RequestPlan, job: ChoiceJob, outcome: Outcome,
                     queue: asyncio.Queue[Delta | BaseException | None]) -> None:
         try:
-            async for d in generate_text(self.backend, self.tokenizers[plan.head], job.request,
-                                         list(job.stops), job.index, outcome):
+            async for d in self._generate(plan, job, outcome):
                 queue.put_nowait(d)
             queue.put_nowait(None)
         except Exception as e:  # delivered to the consumer, which re-raises it
