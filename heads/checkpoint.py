@@ -1,58 +1,47 @@
-"""Read, write and check polyhead checkpoint directories.
+"""The polyhead checkpoint directory: its layout, and reading and checking it without torch.
 
 Layout:
     manifest.json            format version, backbone config, dtype, heads
     model.safetensors        backbone.* tensors and the shared head matrices
     tokenizers/<head>.json   one HF tokenizers file per head
     adapters/*.safetensors   adapted heads' tensors, one file per head (HeadSpec.adapter)
-    tokenizers/<head>.split.npz  boundary-preserving heads only: see heads/split_table.py
+    tokenizers/<head>.split.npz  boundary-preserving heads only: see heads/vocab/split_table.py
 
-Writes go to a temporary sibling directory that is renamed into place, so a crash or a full
-disk never leaves a half-written model behind.
+A gateway in front of a remote or vLLM engine needs only the manifest and the tokenizers, so
+nothing here imports torch. heads/model/weights.py loads the tensors into a MultiHeadModel
+and writes checkpoints; its writes go to a temporary sibling directory that is renamed into
+place, so a crash or a full disk never leaves a half-written model behind.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+import math
+from dataclasses import replace
 from pathlib import Path
 
-import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from heads.errors import CheckpointError, TokenizerError
 from heads.manifest import Manifest
-from heads.model import MultiHeadModel
-from heads.split_table import SplitTable
-from heads.tokenizer import HeadTokenizer, vocab_fingerprint
+from heads.vocab.split_table import SplitTable
+from heads.vocab.tokenizer import HeadTokenizer, vocab_fingerprint
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    directory: Path
-    manifest: Manifest
-    model: MultiHeadModel
-    tokenizers: dict[str, HeadTokenizer]
 
 
 def _tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     if not path.is_file():
         raise CheckpointError(f"weights: {path} is missing")
     try:
-        with safe_open(str(path), framework="pt") as f:
+        # numpy: reading shapes must not import torch
+        with safe_open(str(path), framework="numpy") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"weights: {path} is not a readable safetensors file ({e})") from e
 
 
-def _load_tokenizers(directory: Path, manifest: Manifest) -> dict[str, HeadTokenizer]:
+def load_tokenizers(directory: Path, manifest: Manifest) -> dict[str, HeadTokenizer]:
     out: dict[str, HeadTokenizer] = {}
     by_file: dict[str, HeadTokenizer] = {}  # one load per tokenizer file (262k takes seconds)
     # Heads that encode on their own first: a boundary-preserving head reuses one of them.
@@ -85,12 +74,12 @@ def _with_split(directory: Path, encoder: str, table: str, tok: HeadTokenizer,
 
 def validate_checkpoint(directory: Path) -> Manifest:
     """Check a checkpoint without loading its weights: manifest, tensor names/shapes, tokenizers."""
-    manifest = _validate_weights(directory)
-    _load_tokenizers(directory, manifest)
+    manifest = check_weights(directory)
+    load_tokenizers(directory, manifest)
     return manifest
 
 
-def _validate_weights(directory: Path) -> Manifest:
+def check_weights(directory: Path) -> Manifest:
     """The manifest, checked against the tensor names and shapes in the weights file."""
     manifest = Manifest.load(directory)
     shapes = _tensor_shapes(directory / manifest.weights)
@@ -118,74 +107,8 @@ def _validate_weights(directory: Path) -> Manifest:
 def load_metadata(directory: Path) -> tuple[Manifest, dict[str, HeadTokenizer]]:
     """The manifest and tokenizers without the weights: all a gateway in front of a remote
     or vLLM engine needs (the shapes are still checked against the weights file)."""
-    manifest = _validate_weights(directory)
-    return manifest, _load_tokenizers(directory, manifest)
-
-
-def load_checkpoint(
-    directory: Path, device: str = "cpu", compute_dtype: str | None = None
-) -> Checkpoint:
-    manifest = _validate_weights(directory)
-    # Tokenizers load once, here (a 262k-token tokenizer takes seconds to build).
-    tokenizers = _load_tokenizers(directory, manifest)
-    tensors: dict[str, torch.Tensor] = {}
-    with safe_open(str(directory / manifest.weights), framework="pt", device=device) as f:
-        for k in f.keys():  # noqa: SIM118
-            tensors[k] = f.get_tensor(k)
-    tensors.update(load_adapter_tensors(directory, manifest, device))
-    model = MultiHeadModel(manifest, tensors, compute_dtype)
-    return Checkpoint(directory, manifest, model, tokenizers)
-
-
-def load_adapter_tensors(directory: Path, manifest: Manifest, device: str = "cpu"
-                         ) -> dict[str, torch.Tensor]:
-    """Every adapted head's tensors (fp32), read from their sidecar files."""
-    out: dict[str, torch.Tensor] = {}
-    for h in manifest.heads:
-        if h.adapter is not None:
-            with safe_open(str(directory / h.adapter.file), framework="pt", device=device) as f:
-                out.update({k: f.get_tensor(k) for k in h.adapter.names()})
-    return out
-
-
-def save_checkpoint(
-    directory: Path,
-    manifest: Manifest,
-    tensors: dict[str, torch.Tensor],
-    tokenizer_json: Mapping[str, str | bytes],
-) -> None:
-    """Write atomically. `tokenizer_json` maps each head's `tokenizer` path to its JSON text
-    (and each `split_table` path to the table's bytes)."""
-    manifest.validate()
-    named = [p for h in manifest.heads for p in (h.tokenizer, h.split_table) if p is not None]
-    missing = [p for p in named if p not in tokenizer_json]
-    if missing:
-        raise CheckpointError(f"tokenizer file {missing[0]!r} named by a head was not given")
-    directory = directory.resolve()
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        manifest.save(tmp)
-        # safetensors refuses shared storage; tied matrices are stored once by name already.
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / manifest.weights))
-        for rel, text in tokenizer_json.items():
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(text, bytes):
-                (tmp / rel).write_bytes(text)
-            else:
-                (tmp / rel).write_text(text, encoding="utf-8")
-        validate_checkpoint(tmp)
-        if directory.exists():
-            old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
-            directory.rename(old)
-            tmp.rename(directory)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    log.info("wrote checkpoint %s", directory)
+    manifest = check_weights(directory)
+    return manifest, load_tokenizers(directory, manifest)
 
 
 def describe_checkpoint(directory: Path) -> str:
@@ -193,7 +116,7 @@ def describe_checkpoint(directory: Path) -> str:
     m = validate_checkpoint(directory)
     b = m.backbone
     shapes = _tensor_shapes(directory / m.weights)
-    total = sum(int(torch.Size(s).numel()) for s in shapes.values())
+    total = sum(math.prod(s) for s in shapes.values())
     lines = [
         f"model       {m.model_name}  (format v{m.format_version}, {m.dtype})",
         f"backbone    {b.architecture}: d={b.hidden_size} layers={b.num_layers} "

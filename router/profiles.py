@@ -95,7 +95,7 @@ class RequestFeatures:
     max_tokens: int  # output cap, in tokens of whichever head serves it
     pinned_head: str | None = None
     tokens: Mapping[str, HeadTokens] = field(default_factory=dict)  # head -> its tokenization
-    script: str = "unknown"  # dominant Unicode script class of the prompt (heads.scripts)
+    script: str = "unknown"  # dominant Unicode script class of the prompt (heads.vocab.scripts)
     session: str | None = None  # the client's conversation id (router.affinity)
     # Filled by the router before the policy runs (router.compression, router.segmentation):
     predicted_bpt: Mapping[str, float] = field(default_factory=dict)  # head -> output B/token

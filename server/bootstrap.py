@@ -22,10 +22,11 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from heads.checkpoint import load_checkpoint, load_metadata
+from heads.checkpoint import load_metadata
 from heads.engine.config import EngineConfig
 from heads.manifest import Manifest
-from heads.tokenizer import HeadTokenizer
+from heads.model.weights import load_checkpoint
+from heads.vocab.tokenizer import HeadTokenizer
 from kernels.cache_paths import calibration_dir
 from kernels.crossover_calibration import load_calibration
 from kernels.devices import DeviceSpec, detect_cpu, lookup_device

@@ -14,15 +14,15 @@ import logging
 import shutil
 from pathlib import Path
 
+from heads.build.tiny import build_tiny
+from heads.data.files import WIKI_SAMPLE_A
 from heads.errors import CheckpointError
 from heads.manifest import MANIFEST_FILE, Manifest
-from heads.tiny import build_tiny
-from heads.tokenizer_training import DATA_DIR
 
 log = logging.getLogger(__name__)
 
 DEMO = "gemma3-270m"
-DEMO_SAMPLE = DATA_DIR / "wiki-sample-a.txt"
+DEMO_SAMPLE = WIKI_SAMPLE_A
 BUILT_IN = (DEMO, "tiny")
 # Bumped whenever the demo's heads are built differently (ranking, trimming), so a cached
 # demo from an older build is rebuilt on next start rather than served stale.
@@ -30,9 +30,9 @@ DEMO_BUILD = 3
 
 
 def _build_demo(target: Path, cache_dir: Path) -> None:
-    from heads.build import build_demo_heads
-    from heads.evaluate import run_eval
-    from heads.fetch import fetch_model
+    from heads.build.nested import build_demo_heads
+    from heads.eval.report import run_eval
+    from heads.loaders.fetch import fetch_model
 
     source = fetch_model(DEMO, cache_dir=cache_dir)
     log.info("building nested 32k/131k/262k heads into %s", target)

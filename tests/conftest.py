@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from heads.tiny import build_tiny
+    from heads.build.tiny import build_tiny
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     build_tiny(out)
@@ -88,7 +88,7 @@ def gateway(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 @pytest.fixture(scope="session")
 def vllm_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model exported for the multi-head vLLM plugin."""
-    from heads.vllm_export import export_vllm
+    from heads.vllm_plugin.export import export_vllm
 
     out = tmp_path_factory.mktemp("vllm") / "tiny"
     export_vllm(tiny_model_dir, out)

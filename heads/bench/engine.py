@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from heads.checkpoint import Checkpoint, load_checkpoint
 from heads.engine.config import EngineConfig
 from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest, StepTiming
 from heads.manifest import BackboneConfig, HeadSpec
+from heads.model.weights import Checkpoint, load_checkpoint
 from kernels.row_params import RowParams
 
 log = logging.getLogger(__name__)

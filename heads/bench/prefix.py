@@ -18,12 +18,12 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from heads.checkpoint import Checkpoint
 from heads.engine.block_manager import BlockManager
 from heads.engine.config import EngineConfig
 from heads.engine.llm_engine import LocalEngine
 from heads.engine.sequence import Sequence
 from heads.engine.types import GenerationRequest
+from heads.model.weights import Checkpoint
 from kernels.row_params import RowParams
 
 log = logging.getLogger(__name__)

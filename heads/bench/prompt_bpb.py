@@ -16,14 +16,14 @@ import math
 import statistics
 from pathlib import Path
 
-from heads.checkpoint import Checkpoint, load_checkpoint
+from heads.data.files import PROMPT_BPB_PROMPTS
 from heads.engine.config import EngineConfig
 from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest
-from heads.tokenizer_training import DATA_DIR
+from heads.model.weights import Checkpoint, load_checkpoint
 from kernels.row_params import RowParams
 
-PROMPTS_FILE = DATA_DIR / "prompt_bpb_prompts.json"
+PROMPTS_FILE = PROMPT_BPB_PROMPTS
 
 
 def prompts() -> dict[str, str]:

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from heads.vllm_export import export_vllm
-from heads.vllm_layout import VocabLayout
+from heads.vllm_plugin.export import export_vllm
+from heads.vllm_plugin.layout import VocabLayout
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from heads.engine.scheduler import Scheduler
 from heads.engine.sequence import Sequence
 from heads.engine.types import GenerationRequest, HeadLoad, StepTiming, TokenEvent
 from heads.errors import EngineError, EngineStopped
-from heads.model import MultiHeadModel
+from heads.model.multi_head import MultiHeadModel
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
-from heads.attention import AttentionMetadata, allocate_kv_cache, slots_for
 from heads.engine.config import EngineConfig
 from heads.engine.cpu_linear import pack_linears, packing_available
 from heads.engine.prompt_score import ScoreJob, score_prompts
 from heads.engine.sequence import Sequence
 from heads.engine.types import PromptScore
-from heads.model import MultiHeadModel
+from heads.model.attention import AttentionMetadata, allocate_kv_cache, slots_for
+from heads.model.multi_head import MultiHeadModel
 from kernels.crossover_calibration import load_calibration
 from kernels.dispatch import batch_mode, device_spec, dtype_name, run_plan
 from kernels.packed_rows import PackedRows, RowPacker, packing_supported

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from heads.adapter import HeadOutput
 from heads.engine.types import PromptScore
+from heads.model.adapter import HeadOutput
 
 log = logging.getLogger(__name__)
 

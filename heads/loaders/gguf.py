@@ -6,7 +6,7 @@ and the model is randomly initialised first). Here `gguf.GGUFReader` parses the 
 (transformers' newer fast reader rejects this file's Q5_0 tensors), the `gguf` package
 dequantizes, and transformers' GGUF tokenizer converter builds the tokenizer: ~15 s to a
 LoadedSource, ~20 s with the checkpoint written. Checked against transformers' own GGUF load,
-weight for weight and greedy token for token, in tests/heads/test_gemma3_real.py.
+weight for weight and greedy token for token, in tests/heads/model/test_gemma3_real.py.
 
 llama.cpp's converter changes two things that are undone here: Llama q/k rows are permuted
 for its interleaved RoPE, and Gemma norm weights are stored as 1 + w.

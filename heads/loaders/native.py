@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from heads.checkpoint import load_checkpoint
 from heads.loaders.source import EMBEDDING, UNEMBEDDING, LoadedSource
+from heads.model.weights import load_checkpoint
 
 log = logging.getLogger(__name__)
 

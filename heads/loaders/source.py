@@ -1,8 +1,9 @@
 """A pretrained model as the loaders hand it over, and its single-head polyhead checkpoint.
 
 Every loader (GGUF, Hugging Face, our own format) produces a `LoadedSource`: the backbone
-config, backbone tensors under `backbone.<key>` (keys of heads/llama.py or heads/gemma3.py),
-the native vocabulary's embedding/unembedding matrices, and the tokenizer as tokenizers JSON.
+config, backbone tensors under `backbone.<key>` (keys of heads/model/llama.py or
+heads/model/gemma3.py), the native vocabulary's embedding/unembedding matrices, and the
+tokenizer as tokenizers JSON.
 Head building (vocabulary trimming) consumes the same object.
 """
 
@@ -16,10 +17,10 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from heads.checkpoint import save_checkpoint
 from heads.errors import CheckpointError
 from heads.manifest import BackboneConfig, HeadSpec, Manifest
-from heads.model import BACKBONE_PREFIX, build_backbone
+from heads.model.multi_head import BACKBONE_PREFIX, build_backbone
+from heads.model.weights import save_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import free of torch and of vLLM's model code until a worker actually builds the
 
 from __future__ import annotations
 
-from heads.vllm_layout import ARCHITECTURE
+from heads.vllm_plugin.layout import ARCHITECTURE
 
 MODEL_CLASS = "heads.vllm_plugin.model:PolyheadForCausalLM"
 

@@ -1,6 +1,6 @@
 """PolyheadForCausalLM: vLLM's own decoder stack plus every vocabulary head, in one engine.
 
-The engine's vocabulary is the heads laid end to end (heads/vllm_layout.py): a global ID g of
+The engine's vocabulary is the heads laid end to end (heads/vllm_plugin/layout.py): a global ID g of
 head h is row g - off_h of h's matrix. Three places differ from a stock vLLM model:
 
 - `embed_input_ids` looks each ID up in its head's matrix (nested heads share one, so the
@@ -28,7 +28,7 @@ from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
-from heads.vllm_layout import CONFIG_KEY, VocabLayout
+from heads.vllm_plugin.layout import CONFIG_KEY, VocabLayout
 
 EMBED_TOKENS = "model.embed_tokens.weight"
 
@@ -70,7 +70,7 @@ class PolyheadForCausalLM(nn.Module):
                                  requires_grad=False)
             for i, (_, rows) in enumerate(self.layout.matrices) if i > 0
         })
-        # Adapted heads (heads/adapter.py): a bias [V_h] each, and a hidden adapter's
+        # Adapted heads (heads/model/adapter.py): a bias [V_h] each, and a hidden adapter's
         # D [r, d] and U [d, r]; a low-rank adapter arrives folded into its own matrix.
         def param(*shape: int) -> nn.Parameter:
             return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
@@ -143,7 +143,7 @@ class PolyheadForCausalLM(nn.Module):
         return out
 
     def _head_logits(self, i: int, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # h: [n, d] -> [n, V_h]; the same steps, in the same order, as heads/adapter.py
+        # h: [n, d] -> [n, V_h]; the same steps, in the same order, as heads/model/adapter.py
         key = str(i)
         if key in self.head_down:
             h = h + (h @ self.head_down[key].T) @ self.head_up[key].T

@@ -10,7 +10,6 @@ import time
 
 from kernels.devices import DeviceSpec
 from router.cost import AnalyticTimer, StepTimer
-from router.guard import QualityGuard
 from router.policy.base import Policy
 from router.policy.builtin import (
     CostPolicy,
@@ -19,6 +18,7 @@ from router.policy.builtin import (
     ThresholdPolicy,
     WeightedPolicy,
 )
+from router.policy.guard import QualityGuard
 from router.policy.spec import (
     CostParams,
     LifecycleParams,

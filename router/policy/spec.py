@@ -1,5 +1,5 @@
 """Policy documents: `{"name": ..., "params": {...}, "guard": {...}}`, validated strictly
-into frozen specs; `guard` is optional (router.guard wraps the policy in a quality guard).
+into frozen specs; `guard` is optional (router.policy.guard wraps the policy in a quality guard).
 
 Every switching policy shares the stability knobs (see router.stability): `margin`
 (hysteresis), `min_dwell_s` and `max_switches_per_min` (0 = no cap). InvalidPolicy names

@@ -14,8 +14,8 @@ from router.errors import RouterError, VersionConflict
 from router.router import Router
 from router.store import PolicySync
 from server.api.deps import AdminDep, AuditDep, MetricsDep, RouterDep
-from server.api.schemas import PolicyDocument
 from server.errors import BadRequest, Conflict
+from server.schemas import PolicyDocument
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin")

@@ -11,8 +11,8 @@ from fastapi import APIRouter, Query, Request
 from router.planner.live import DEFAULT_MFU, live_plan_json
 from router.store import StateSync
 from server.api.deps import AdminDep, GatewayDep
-from server.api.schemas import RequestBody
 from server.errors import BadRequest
+from server.schemas import RequestBody
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin")

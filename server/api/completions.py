@@ -15,10 +15,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from server.api.deps import ClientDep, GatewayDep
 from server.api.responses import Collector, sse_stream
 from server.api.responses_api import ResponseBuilder, response_events, to_chat
-from server.api.schemas import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 from server.errors import BadRequest
 from server.gateway.gateway import RequestRun
 from server.gateway.request_plan import RequestPlan
+from server.schemas import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -31,7 +31,6 @@ from router.errors import (
     UnknownHead,
     VersionConflict,
 )
-from server.api.schemas import UNSUPPORTED_FIELDS
 from server.errors import (
     APIError,
     BadRequest,
@@ -42,6 +41,7 @@ from server.errors import (
     TooManyRequests,
     Unavailable,
 )
+from server.schemas import UNSUPPORTED_FIELDS
 
 log = logging.getLogger(__name__)
 

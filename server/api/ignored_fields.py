@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from server.api.schemas import SamplingFields
+from server.schemas import SamplingFields
 
 log = logging.getLogger(__name__)
 

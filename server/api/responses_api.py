@@ -9,11 +9,11 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from server.api.errors import error_body, to_api_error
-from server.api.schemas import IGNORED_FIELDS, ChatCompletionRequest, ResponsesRequest
 from server.errors import BadRequest
 from server.gateway.generation import Delta, Outcome
 from server.gateway.request_plan import RequestPlan
 from server.ops.request_context import new_id
+from server.schemas import IGNORED_FIELDS, ChatCompletionRequest, ResponsesRequest
 
 ROLES = ("system", "developer", "user", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")

@@ -10,8 +10,8 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from server.api.deps import ClientDep, GatewayDep
-from server.api.schemas import DetokenizeRequest, TokenizeRequest
 from server.errors import BadRequest
+from server.schemas import DetokenizeRequest, TokenizeRequest
 
 router = APIRouter()
 

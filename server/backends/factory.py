@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from heads.checkpoint import Checkpoint
 from heads.engine.config import EngineConfig
+from heads.model.weights import Checkpoint
 from server.backends.base import Backend
 from server.settings import Settings
 

@@ -9,7 +9,7 @@ import torch
 from heads.engine.config import EngineConfig
 from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest, HeadLoad, StepTiming, TokenEvent
-from heads.model import MultiHeadModel
+from heads.model.multi_head import MultiHeadModel
 from kernels.row_params import RowParams
 from server.backends.base import BackendBase
 

@@ -257,9 +257,9 @@ def features_policy(features: str) -> str:
 
 
 def encode_p50_ms(model_dir: Path, text: str, rounds: int = 300) -> float:
-    """In process: the prompt tokenized with every head (heads.prompt_encoder), p50 ms."""
+    """In process: the prompt tokenized with every head (heads.vocab.prompt_encoder), p50 ms."""
     from heads.checkpoint import load_metadata
-    from heads.prompt_encoder import PromptEncoder
+    from heads.vocab.prompt_encoder import PromptEncoder
 
     manifest, tokenizers = load_metadata(model_dir)
     encoder = PromptEncoder(tokenizers, {h.name: h.bos_token_id for h in manifest.heads})

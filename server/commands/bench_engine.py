@@ -87,7 +87,7 @@ def _local_scenarios(args: argparse.Namespace, model: Path, dtype: str | None, h
     import torch
 
     from heads.bench.prefix import kv_per_request, kv_table, prefix_table, prefix_ttft
-    from heads.checkpoint import load_checkpoint
+    from heads.model.weights import load_checkpoint
 
     torch.set_num_threads(args.threads)
     ckpt = load_checkpoint(model, compute_dtype=dtype)

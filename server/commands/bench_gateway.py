@@ -93,7 +93,7 @@ def _features(args: argparse.Namespace, rows: list, logs: Path) -> float:
     import asyncio
 
     from heads.checkpoint import load_metadata
-    from heads.tokenizer_training import DATA_DIR
+    from heads.data.files import WIKI_SAMPLE_B
     from server.bench.gateway import (
         FEATURES,
         Result,
@@ -108,7 +108,7 @@ def _features(args: argparse.Namespace, rows: list, logs: Path) -> float:
 
     model_dir = resolve_model_dir(args.features_model, load_settings(None).cache_dir)
     name = load_metadata(model_dir)[0].model_name
-    raw = (DATA_DIR / "wiki-sample-b.txt").read_bytes()[:2048]
+    raw = WIKI_SAMPLE_B.read_bytes()[:2048]
     text = raw.decode("utf-8", "ignore")  # a cut multi-byte character is dropped
     body = {"model": name, "prompt": text, "max_tokens": 1, "temperature": 0}
     for features in FEATURES:

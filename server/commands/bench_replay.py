@@ -41,7 +41,7 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> None:
     import torch
 
-    from heads.checkpoint import load_checkpoint
+    from heads.model.weights import load_checkpoint
     from router.simulate.traces import TRACES, day_phases, load_trace, phase_at
     from server.bench.replay.report import (
         language_table,

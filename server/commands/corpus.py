@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _corpus_build(args: argparse.Namespace) -> None:
-    from heads.corpus import build_corpus
+    from heads.corpus.builder import build_corpus
     from kernels.cache_paths import corpus_dir
     from server.ops.logging_setup import configure_logging
 
@@ -55,8 +55,9 @@ def _corpus_build(args: argparse.Namespace) -> None:
 
 
 def _corpus_samples(args: argparse.Namespace) -> None:
-    from heads.corpus import select_sources
-    from heads.multilingual import SAMPLES_DIR, write_samples
+    from heads.corpus.builder import select_sources
+    from heads.corpus.languages import write_samples
+    from heads.data.files import SAMPLES_DIR
     from kernels.cache_paths import corpus_dir
     from server.ops.logging_setup import configure_logging
 

@@ -1,4 +1,5 @@
-"""polyhead export vllm: a checkpoint as a model directory vLLM loads (heads/vllm_export.py)."""
+"""polyhead export vllm: a checkpoint as a model directory vLLM loads
+(heads/vllm_plugin/export.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from heads.vllm_export import export_vllm, export_vllm_per_head
+    from heads.vllm_plugin.export import export_vllm, export_vllm_per_head
     from server.model_source import resolve_model_dir
 
     src = resolve_model_dir(args.checkpoint, args.cache_dir)

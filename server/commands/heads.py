@@ -80,7 +80,7 @@ def _ranking_options(p: argparse.ArgumentParser) -> None:
 
 
 def _weights(args: argparse.Namespace):  # -> SourceWeights
-    from heads.ranking import SourceWeights
+    from heads.build.ranking import SourceWeights
 
     try:
         return SourceWeights.parse(args.source_weights)
@@ -124,7 +124,7 @@ def _register_eval(hsub: argparse._SubParsersAction) -> None:
 
 
 def _heads_build(args: argparse.Namespace) -> None:
-    from heads.build import build_heads
+    from heads.build.nested import build_heads
     from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
@@ -136,8 +136,8 @@ def _heads_build(args: argparse.Namespace) -> None:
 
 
 def _heads_rank(args: argparse.Namespace) -> None:
-    from heads.build import rank_checkpoint
-    from heads.ranking import save_ranking
+    from heads.build.nested import rank_checkpoint
+    from heads.build.ranking import save_ranking
     from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
@@ -149,8 +149,9 @@ def _heads_rank(args: argparse.Namespace) -> None:
 def _heads_eval(args: argparse.Namespace) -> None:
     import torch
 
-    from heads.evaluate import AGGREGATE, KINDS, aggregate, by_source, run_eval
-    from heads.multilingual import languages, sample_path
+    from heads.corpus.languages import languages, sample_path
+    from heads.eval.measure import AGGREGATE, KINDS, aggregate, by_source
+    from heads.eval.report import run_eval
     from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")

@@ -7,7 +7,7 @@ import resource
 import time
 from pathlib import Path
 
-from heads.adapt_data import DEFAULT_MIX
+from heads.adapt.data import DEFAULT_MIX
 
 
 def _mix(text: str) -> tuple[tuple[str, float], ...]:
@@ -63,9 +63,9 @@ def register(hsub: argparse._SubParsersAction) -> None:
 def _heads_adapt(args: argparse.Namespace) -> None:
     import torch
 
-    from heads.adapt import AdaptConfig, adapt
-    from heads.adapt_data import DataConfig
-    from heads.adapt_train import TrainConfig
+    from heads.adapt.data import DataConfig
+    from heads.adapt.run import AdaptConfig, adapt
+    from heads.adapt.train import TrainConfig
     from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")

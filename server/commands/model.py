@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from heads.fetch import RECIPES
+from heads.loaders.fetch import RECIPES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,14 +27,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _model_tiny(args: argparse.Namespace) -> None:
-    from heads.tiny import build_tiny
+    from heads.build.tiny import build_tiny
 
     build_tiny(args.out)
     print(f"wrote tiny model to {args.out}")
 
 
 def _model_fetch(args: argparse.Namespace) -> None:
-    from heads.fetch import fetch_model
+    from heads.loaders.fetch import fetch_model
     from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")

@@ -94,8 +94,8 @@ def plot(rows: Sequence[Row], path: Path) -> None:
 
 def _texts(model: str) -> Texts:
     from heads.checkpoint import load_metadata
-    from heads.multilingual import languages
-    from heads.prompt_encoder import PromptEncoder
+    from heads.corpus.languages import languages
+    from heads.vocab.prompt_encoder import PromptEncoder
     from server.bench.replay.prompts import spellings
     from server.model_source import resolve_model_dir
     from server.settings import load_settings

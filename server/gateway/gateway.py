@@ -19,12 +19,11 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from heads.manifest import Manifest
-from heads.tokenizer import HeadTokenizer
+from heads.vocab.tokenizer import HeadTokenizer
 from router.admission import Ticket
 from router.router import Router
 from router.state import LiveState
 from router.step_time_fit import FittedStepTimer, StepSample
-from server.api.schemas import ChatCompletionRequest, CompletionRequest
 from server.backends.base import Backend
 from server.gateway.accounting import RequestAccounting
 from server.gateway.admission_gate import AdmissionGate
@@ -35,6 +34,7 @@ from server.ops.client_guard import Charge, ClientGuard
 from server.ops.metrics import Metrics
 from server.ops.request_context import bind_request_id
 from server.ops.tracing import NoTracing
+from server.schemas import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from heads.engine.types import GenerationRequest, PromptScore, TokenEvent
-from heads.tokenizer import HeadTokenizer, IncrementalDetokenizer
+from heads.vocab.tokenizer import HeadTokenizer, IncrementalDetokenizer
 from server.backends.base import Backend
 from server.gateway.stop_strings import StopStringMatcher
 from server.ops.request_context import add_engine_time

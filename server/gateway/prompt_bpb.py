@@ -13,19 +13,15 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
-
 from heads.engine.types import PromptScore
 from heads.manifest import Manifest
-from router.guard import QualityGuard
+from router.policy.guard import QualityGuard
 from router.quality import HeadQuality, drift, drifted
 from router.state import LiveState
+from server.ops.quality_metrics import QualityMetrics
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
-
-# Bits per byte: English prose is ~0.7-1.2 on small models, code lower, random bytes 4+.
-_BPB_BUCKETS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,33 +48,6 @@ class PromptBpbConfig:
         if self.mode == "on":
             return True, 0
         return rng.random() < self.fraction, self.positions
-
-
-class QualityMetrics:
-    def __init__(self, r: CollectorRegistry) -> None:
-        self.bpb = Histogram(
-            "polyhead_prompt_bpb", "Live prompt bits per byte under the head that served it",
-            ["head"], buckets=_BPB_BUCKETS, registry=r,
-        )
-        self.smoothed = Gauge(
-            "polyhead_prompt_bpb_smoothed",
-            "Smoothed live prompt BPB per head (what drift and the quality guard use)",
-            ["head"], registry=r,
-        )
-        self.drift = Gauge(
-            "polyhead_prompt_bpb_drift",
-            "Smoothed live prompt BPB ÷ the manifest's BPB − 1; NaN without either", ["head"],
-            registry=r,
-        )
-        self.drift_flag = Gauge(
-            "polyhead_prompt_bpb_drift_flag",
-            "1 when live BPB exceeds the manifest's by more than POLYHEAD_PROMPT_BPB_DRIFT",
-            ["head"], registry=r,
-        )
-        self.guard_excluded = Gauge(
-            "polyhead_guard_excluded", "1 while the quality guard keeps traffic off a head",
-            ["head"], registry=r,
-        )
 
 
 def record(m: QualityMetrics, state: LiveState, manifest: Manifest, cfg: PromptBpbConfig,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from heads.engine.types import GenerationRequest
-from heads.prompt_encoder import EncodedPrompt
+from heads.vocab.prompt_encoder import EncodedPrompt
 from router.policy.base import Decision
 
 

@@ -16,18 +16,12 @@ from dataclasses import dataclass
 
 from heads.engine.types import GenerationRequest
 from heads.manifest import Manifest
-from heads.prompt_encoder import EncodedPrompt, HeadPrompt, PromptEncoder
-from heads.tokenizer import HeadTokenizer
+from heads.vocab.prompt_encoder import EncodedPrompt, HeadPrompt, PromptEncoder
+from heads.vocab.tokenizer import HeadTokenizer
 from kernels.row_params import RowParams
 from router.policy.base import Decision
 from router.profiles import HeadTokens, RequestFeatures
 from router.router import Router
-from server.api.schemas import (
-    ChatCompletionRequest,
-    ChatMessage,
-    CompletionRequest,
-    SamplingFields,
-)
 from server.errors import BadRequest, NotFound
 from server.gateway.chat_template import render_chat
 from server.gateway.prompt_bpb import PromptBpbConfig
@@ -35,6 +29,7 @@ from server.gateway.request_plan import ChoiceJob, RequestPlan
 from server.ops.metrics import Metrics
 from server.ops.request_context import new_id
 from server.ops.tracing import NoTracing
+from server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from server.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily
 
-from server.gateway.prompt_bpb import QualityMetrics
 from server.ops.engine_metrics import EngineMetrics
+from server.ops.quality_metrics import QualityMetrics
 
 # Latency buckets in seconds: sub-millisecond gateway work up to multi-minute generations.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

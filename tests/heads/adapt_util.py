@@ -5,17 +5,17 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from heads.adapt import AdaptConfig, AdaptReport, adapt
-from heads.adapt_data import DataConfig
-from heads.adapt_train import TrainConfig
-from heads.tokenizer_training import CORPUS_PATH, HELDOUT_PATH
+from heads.adapt.data import DataConfig
+from heads.adapt.run import AdaptConfig, AdaptReport, adapt
+from heads.adapt.train import TrainConfig
+from heads.data.files import TINY_CORPUS, TINY_HELDOUT
 
 
 def tiny_corpus(directory: Path) -> Path:
     """The tiny model's committed text as a corpus directory with one source, `tiny`."""
     directory.mkdir(parents=True, exist_ok=True)
-    shutil.copy(CORPUS_PATH, directory / "tiny.train.txt")
-    shutil.copy(HELDOUT_PATH, directory / "tiny.heldout.txt")
+    shutil.copy(TINY_CORPUS, directory / "tiny.train.txt")
+    shutil.copy(TINY_HELDOUT, directory / "tiny.heldout.txt")
     return directory
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from heads.attention import AttentionMetadata, allocate_kv_cache, slots_for
-from heads.model import MultiHeadModel
+from heads.model.attention import AttentionMetadata, allocate_kv_cache, slots_for
+from heads.model.multi_head import MultiHeadModel
 
 BLOCK = 4  # small blocks so short sequences cross block edges
 TOL = 1e-4  # fp32 max abs difference allowed

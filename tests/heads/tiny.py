@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from heads.manifest import BackboneConfig, HeadSpec, Manifest
-from heads.model import MultiHeadModel
+from heads.model.multi_head import MultiHeadModel
 
 HEADS = {"1k": 1000, "400": 400, "128": 128}
 EOS = 1

@@ -8,8 +8,8 @@ import pytest
 
 from kernels.devices import DEVICES
 from router.errors import InvalidPolicy
-from router.guard import QualityGuard, estimate
 from router.policy.build import build_policy
+from router.policy.guard import QualityGuard, estimate
 from router.policy.spec import GuardParams, parse_policy
 from router.profiles import RequestFeatures
 from router.quality import BpbTracker, HeadQuality, drift, drifted

@@ -13,12 +13,12 @@ from pathlib import Path
 import openai
 import pytest
 
-from heads.checkpoint import load_checkpoint
+from heads.data.files import WIKI_SAMPLE_B
 from heads.engine.config import EngineConfig
 from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest
-from heads.evaluate import evaluate
-from heads.tokenizer_training import DATA_DIR
+from heads.eval.measure import evaluate
+from heads.model.weights import load_checkpoint
 from kernels.cache_paths import cache_root
 from kernels.row_params import RowParams
 from server.model_source import resolve_model_dir
@@ -75,7 +75,7 @@ def test_each_head_completes_through_the_server(demo_gateway: Gateway):
 
 def test_live_bpb_within_band_of_manifest(demo_dir: Path):
     ckpt = load_checkpoint(demo_dir, compute_dtype="float32")
-    results = evaluate(ckpt, [DATA_DIR / "wiki-sample-b.txt"], max_bytes=6000, window=512)
+    results = evaluate(ckpt, [WIKI_SAMPLE_B], max_bytes=6000, window=512)
     for r in results:
         expected = ckpt.manifest.head(r.head).bpb
         assert expected is not None

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from heads.checkpoint import load_checkpoint
 from heads.manifest import Manifest
+from heads.model.weights import load_checkpoint
 from router.simulate.traces import SimRequest
 from router.step_time_file import StepSamples, write_step_samples
 from router.step_time_fit import FittedStepTimer

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from heads.manifest import MANIFEST_FILE, Manifest
-from heads.vllm_layout import VocabLayout
+from heads.vllm_plugin.layout import VocabLayout
 from server.backends.vllm.backend import VllmBackend
 from server.backends.vllm.discovery import K8sConfig, K8sDiscovery, in_cluster_api
 from server.backends.vllm.inprocess import InProcessConfig, InProcessReplica
@@ -22,7 +22,7 @@ def exported_dir(settings: Settings, model_dir: Path, manifest: Manifest) -> Pat
     re-exported when the checkpoint's manifest is newer than the export."""
     if settings.vllm_model_dir is not None:
         return settings.vllm_model_dir
-    from heads.vllm_export import export_vllm
+    from heads.vllm_plugin.export import export_vllm
 
     out = settings.cache_dir / "vllm" / f"{manifest.model_name}-{model_dir.resolve().name}"
     config = out / "config.json"

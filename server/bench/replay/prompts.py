@@ -8,12 +8,12 @@ import bisect
 from collections.abc import Iterable
 from functools import cache
 
-from heads.multilingual import sample
-from heads.prompt_encoder import PromptEncoder
-from heads.tokenizer_training import DATA_DIR
+from heads.corpus.languages import sample
+from heads.data.files import WIKI_SAMPLE_B
+from heads.vocab.prompt_encoder import PromptEncoder
 from router.simulate.engine import Spelling, Texts
 
-SAMPLE = DATA_DIR / "wiki-sample-b.txt"  # held out from the bytes/token measurement (-a)
+SAMPLE = WIKI_SAMPLE_B  # held out from the bytes/token measurement (-a)
 SPACED_SEARCH = 64  # characters to look ahead for a word start
 
 

@@ -9,8 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from heads.checkpoint import Checkpoint
-from heads.evaluate import forward_hidden
+from heads.model.forward import forward_hidden
+from heads.model.weights import Checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from heads.checkpoint import Checkpoint
 from heads.engine.config import EngineConfig
 from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest, StepTiming
-from heads.prompt_encoder import PromptEncoder
+from heads.model.weights import Checkpoint
+from heads.vocab.prompt_encoder import PromptEncoder
 from kernels.row_params import RowParams
 from router.cost import StepTimer
 from router.profiles import HeadProfile, HeadTokens, RequestFeatures

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from heads.checkpoint import Checkpoint
+from heads.model.weights import Checkpoint
 from router.cost import AnalyticTimer, StepTimer
 from router.simulate.compare import compare, policy_doc
 from router.simulate.traces import SimRequest

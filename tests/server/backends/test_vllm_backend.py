@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from heads.vllm_export import export_vllm_per_head
+from heads.vllm_plugin.export import export_vllm_per_head
 from tests.conftest import Gateway, free_port, start_gateway, stop_gateway
 from tests.server.metrics_util import scrape
 from tests.vllm_util import STARTUP_S, start_relay, start_vllm_server

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from heads.tokenizer_training import DATA_DIR
+from heads.data.files import PROMPT_BPB_PROMPTS
 from kernels.cache_paths import cache_root
 from server.model_source import resolve_model_dir
 from tests.conftest import ADMIN_TOKEN, Gateway, start_gateway, stop_gateway
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.model, pytest.mark.integration, pytest.mark.slow]
 HEADS = ("32k", "131k", "262k")
 AUTH = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 # The prompt BPB benchmark's prompts, by type.
-TEXTS = json.loads((DATA_DIR / "prompt_bpb_prompts.json").read_text(encoding="utf-8"))
+TEXTS = json.loads(PROMPT_BPB_PROMPTS.read_text(encoding="utf-8"))
 # Between prose/code (~0.6-1.3 bits/byte on this model) and random bytes (4+).
 BOUND = 2.5
 

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from heads.multilingual import prose_paragraphs, sample
+from heads.corpus.languages import prose_paragraphs, sample
 from kernels.cache_paths import cache_root
 from server.model_source import resolve_model_dir
 from tests.conftest import ADMIN_TOKEN, Gateway, start_gateway, stop_gateway

@@ -1,0 +1,100 @@
+"""A checkpoint's tensors: load them into a MultiHeadModel, and write a checkpoint atomically.
+
+The directory layout and the torch-free checks are in heads/checkpoint.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from heads.checkpoint import check_weights, load_tokenizers, validate_checkpoint
+from heads.errors import CheckpointError
+from heads.manifest import Manifest
+from heads.model.multi_head import MultiHeadModel
+from heads.vocab.tokenizer import HeadTokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    directory: Path
+    manifest: Manifest
+    model: MultiHeadModel
+    tokenizers: dict[str, HeadTokenizer]
+
+
+def load_checkpoint(
+    directory: Path, device: str = "cpu", compute_dtype: str | None = None
+) -> Checkpoint:
+    manifest = check_weights(directory)
+    # Tokenizers load once, here (a 262k-token tokenizer takes seconds to build).
+    tokenizers = load_tokenizers(directory, manifest)
+    tensors: dict[str, torch.Tensor] = {}
+    with safe_open(str(directory / manifest.weights), framework="pt", device=device) as f:
+        for k in f.keys():  # noqa: SIM118
+            tensors[k] = f.get_tensor(k)
+    tensors.update(load_adapter_tensors(directory, manifest, device))
+    model = MultiHeadModel(manifest, tensors, compute_dtype)
+    return Checkpoint(directory, manifest, model, tokenizers)
+
+
+def load_adapter_tensors(directory: Path, manifest: Manifest, device: str = "cpu"
+                         ) -> dict[str, torch.Tensor]:
+    """Every adapted head's tensors (fp32), read from their sidecar files."""
+    out: dict[str, torch.Tensor] = {}
+    for h in manifest.heads:
+        if h.adapter is not None:
+            with safe_open(str(directory / h.adapter.file), framework="pt", device=device) as f:
+                out.update({k: f.get_tensor(k) for k in h.adapter.names()})
+    return out
+
+
+def save_checkpoint(
+    directory: Path,
+    manifest: Manifest,
+    tensors: dict[str, torch.Tensor],
+    tokenizer_json: Mapping[str, str | bytes],
+) -> None:
+    """Write atomically. `tokenizer_json` maps each head's `tokenizer` path to its JSON text
+    (and each `split_table` path to the table's bytes)."""
+    manifest.validate()
+    named = [p for h in manifest.heads for p in (h.tokenizer, h.split_table) if p is not None]
+    missing = [p for p in named if p not in tokenizer_json]
+    if missing:
+        raise CheckpointError(f"tokenizer file {missing[0]!r} named by a head was not given")
+    directory = directory.resolve()
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        manifest.save(tmp)
+        # safetensors refuses shared storage; tied matrices are stored once by name already.
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / manifest.weights))
+        for rel, text in tokenizer_json.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(text, bytes):
+                (tmp / rel).write_bytes(text)
+            else:
+                (tmp / rel).write_text(text, encoding="utf-8")
+        validate_checkpoint(tmp)
+        if directory.exists():
+            old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+            directory.rename(old)
+            tmp.rename(directory)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("wrote checkpoint %s", directory)
