@@ -1,0 +1,1 @@
+"""Building heads: nested heads by vocabulary trimming, the token ranking, the tiny model."""

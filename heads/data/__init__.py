@@ -1,0 +1,1 @@
+"""The files heads/ ships (named in files.py) and their attribution (README.md)."""

