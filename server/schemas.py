@@ -1,4 +1,5 @@
-"""OpenAI-compatible request and response bodies (pydantic lives only at this edge)."""
+"""OpenAI-compatible request bodies, pydantic at the HTTP edge: api/ validates requests with
+them and gateway/ plans from them, so they sit below both."""
 
 from __future__ import annotations
 
