@@ -308,11 +308,11 @@ def _by_rows(groups: list[_Group]) -> dict[tuple, list[_Group]]:
 
 
 def _concat(batches: list[SamplingBatch]) -> SamplingBatch:
-    return SamplingBatch(
-        *(torch.cat([getattr(b, f) for b in batches])
-          for f in ("temperature", "top_p", "top_k", "seed", "position")),
-        want_logprobs=any(b.want_logprobs for b in batches),
-    )
+    def cat(field: str) -> torch.Tensor:
+        return torch.cat([getattr(b, field) for b in batches])
+
+    return SamplingBatch(cat("temperature"), cat("top_p"), cat("top_k"), cat("seed"),
+                         cat("position"), any(b.want_logprobs for b in batches))
 
 
 def _groups(heads: list[str]) -> dict[str, list[int]]:
