@@ -98,6 +98,8 @@ def head_profiles(manifest: Manifest, dtype: str | None = None) -> list[HeadProf
             training_bytes=h.training_bytes,
             bpb=h.bpb,
             training_sunk=h.training_sunk,
+            shared_rows=(h.unembedding if h.adapter is None or h.adapter.kind == "hidden"
+                         else None),
         )
         for h in manifest.heads
     ]

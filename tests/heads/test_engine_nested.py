@@ -108,3 +108,33 @@ def test_nested_engine_with_adapters_equals_per_group(model) -> None:
     plain, _ = _serve(model, "never")
     assert [[e.token_id for e in ev] for ev in plain] != [[e.token_id for e in ev]
                                                           for ev in per_group]
+
+
+@pytest.mark.parametrize("mix", [{"1k": 1, "400": 1}, {"1k": 4, "128": 4},
+                                 {"1k": 1, "400": 8, "128": 8}, {"400": 3, "128": 1},
+                                 {"1k": 40, "400": 40, "128": 40}])
+def test_engine_and_router_agree_on_the_nested_pass(model, mix: dict[str, int]) -> None:
+    from types import SimpleNamespace
+
+    from heads.engine.model_runner import ModelRunner, _by_rows, _Group
+    from kernels.devices import detect_cpu
+    from router.cost import Group, unembed_passes
+    from router.profiles import HeadProfile
+
+    runner = ModelRunner(model, EngineConfig(num_kv_blocks=8), num_blocks=8)
+    seqs, rows = [], {}
+    for head, b in mix.items():
+        rows[head] = list(range(len(seqs), len(seqs) + b))
+        seqs += [SimpleNamespace(params=RowParams(temperature=0.8, seed=i), num_tokens=7,
+                                 want_logprobs=False, head=head) for i in range(b)]
+    groups = [_Group(h, r, seqs, model.head_output(h)) for h, r in rows.items()]
+    (shared,) = _by_rows(groups).values()  # one matrix: one key
+    engine = runner._nest(shared)
+    b = model.manifest.backbone
+    profiles = {h.name: HeadProfile(h.name, h.vocab_size, b.hidden_size, b.num_parameters(),
+                                    b.kv_bytes_per_token_per_elem * 4, 4.0,
+                                    shared_rows=h.unembedding) for h in model.manifest.heads}
+    passes = unembed_passes([Group(profiles[h], n, 10.0) for h, n in mix.items()],
+                            detect_cpu(), runner.selector.calibration)
+    assert runner.device_spec == detect_cpu()
+    assert (len(passes) == 1) == engine
