@@ -248,6 +248,12 @@ def infer_cost_per_byte(
     return t / (batch * head.bpt)
 
 
+def mix_cost_per_byte(timer: StepTimer, groups: Sequence[Group]) -> float:
+    """Device-seconds per served byte of a step of these groups: its time ÷ Σ b_g·bpt_g.
+    One group of B on head h is C_infer(h, B)."""
+    return timer.step_time(groups) / sum(g.batch * g.head.bpt for g in groups)
+
+
 def train_cost_per_byte(head: HeadProfile, device: DeviceSpec | StepTimer) -> float:
     """C_train: device-seconds per training byte (6 FLOP per parameter per token, at peak)."""
     peak = _timer(device).device.peak_flops

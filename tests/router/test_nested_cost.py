@@ -84,3 +84,43 @@ def test_a_smaller_head_is_nearly_free_while_a_larger_one_is_live() -> None:
     # Joining the nested pass adds FLOPs only; opening a separate 32k pass adds its read too.
     assert on_small <= on_big
     assert on_small < 0.5 * opening
+
+
+def _snapshot(smoothed: dict[str, float]):  # type: ignore[no-untyped-def]
+    from router.state import StateSnapshot
+
+    return StateSnapshot(running={}, waiting={}, served_bytes={}, served_tokens={},
+                         training_bytes={}, smoothed_running=smoothed)
+
+
+def test_the_regime_prices_heads_under_the_live_mix() -> None:
+    from router.policy.builtin import CostPolicy, regime_mix
+    from router.policy.spec import CostParams
+
+    def profiles(shared: str | None) -> list[HeadProfile]:
+        return [HeadProfile(f"v{v}", v, D, 100_000_000, 20_000.0, 4.0, bytes_per_token=4.5,
+                            shared_rows=shared) for v in (32_768, 131_072, 262_144)]
+
+    ctx = {f"v{v}": 100.0 for v in (32_768, 131_072, 262_144)}
+    # The quality bound holds 4 requests on 262k; the regime head 131k runs 8.
+    snap = _snapshot({"v262144": 4.0, "v131072": 8.0})
+    ps = profiles("matrices.shared")
+    mix = regime_mix(snap, ps, ps[1], "v131072", ctx)
+    assert sorted((g.head.name, g.batch) for g in mix) == [("v131072", 9), ("v262144", 4)]
+    # A candidate larger than the held groups takes all of them.
+    assert [(g.head.name, g.batch) for g in regime_mix(snap, ps, ps[2], "v131072", ctx)] == [
+        ("v262144", 13)]
+    policy = CostPolicy(DEVICES["cpu"], CostParams(margin=0, min_dwell_s=0))
+    nested = {p.name: policy.objective(p, regime_mix(snap, ps, p, "v131072", ctx), 0.0)
+              for p in ps}
+    # Under the live mix the 131k regime shares the 262k group's read: per byte it costs
+    # less than moving everything to 262k, and no more than the step's FLOPs say.
+    assert nested["v131072"] < nested["v262144"]
+    own = profiles(None)
+    alone = {p.name: policy.objective(p, regime_mix(snap, own, p, "v131072", ctx), 0.0)
+             for p in own}
+    # With separate matrices the same mix pays two reads, so 131k costs more than 262k alone.
+    assert alone["v131072"] > alone["v262144"]
+    # With no held head yet, every request goes to the candidate (the switch's steady state).
+    assert [(g.head.name, g.batch) for g in regime_mix(snap, ps, ps[0], None, ctx)] == [
+        ("v32768", 13)]
