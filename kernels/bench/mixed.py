@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,7 +31,7 @@ from kernels.packed_rows import PackedRows, RowPacker, packing_supported
 from kernels.roofline import DTYPE_BYTES
 from kernels.sampling_params import SamplingBatch
 from kernels.selector import KernelChoice, choose, stream_kernel
-from kernels.timing import hidden_states, median_time, mode_batch
+from kernels.timing import hidden_states, mode_batch
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +99,23 @@ class _Heads:
         return self._packed[vocab]
 
 
-def _time(fn: Callable[[], object], repeats: int) -> float:
-    # The matrix (hundreds of MB at the demo's shape) is far past any LLC: no rotation needed.
-    return median_time(lambda _w: fn(), [torch.empty(0)], repeats)
+def _interleaved(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median seconds of each fn, timed in rounds that call every fn once, so a change in the
+    machine's load (others share this CPU) lands on all paths alike. The matrix (hundreds of
+    MB at the demo's shape) is far past any LLC: no weight rotation needed."""
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(repeats + 1):  # round 0 warms up
+        for i, fn in enumerate(fns):
+            cuda = torch.cuda.is_available()
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if cuda:
+                torch.cuda.synchronize()
+            if r:
+                times[i].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
 
 
 def bench_mix(mix: dict[int, int], heads: _Heads, d: int, dtype: torch.dtype, mode: str,
@@ -142,8 +158,8 @@ def bench_mix(mix: dict[int, int], heads: _Heads, d: int, dtype: torch.dtype, mo
         return nested.unembed_and_sample(nested_plan.kernel, h, heads.rows(vmax), row_vocab,
                                          batch, None, heads.packed(vmax))
 
-    t_plan, t_other, t_before, t_after = (
-        _time(f, repeats) for f in (alone(alone_plan), alone(other), before, after))
+    t_plan, t_other, t_before, t_after = _interleaved(
+        [alone(alone_plan), alone(other), before, after], repeats)
     t_alone = min(t_plan, t_other)
     alone_kernel = alone_plan.kernel if t_plan <= t_other else other.kernel
     w_max = vmax * d * s
