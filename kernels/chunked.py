@@ -8,6 +8,7 @@ chunk at a time, so no fp32 copy of W is ever written to memory.
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 
 import torch
 
@@ -60,59 +61,90 @@ def unembed_and_sample(
 def chunk_partials(
     h32: torch.Tensor, weight: torch.Tensor, batch: SamplingBatch, spec: StreamSpec,
     bias: torch.Tensor | None, chunk: int, packed: PackedRows | None = None,
+    row_vocab: list[int] | None = None,
 ) -> Partials:
+    """`row_vocab`: each row's own V, in descending order (a nested pass, kernels/nested.py):
+    chunk [lo, hi) is multiplied by the rows whose V exceeds lo only, a prefix of the batch,
+    and a row's columns at or past its V score -inf. None: every row sees all of weight."""
     b, vocab = h32.shape[0], weight.shape[0]
     if packed is not None and packed.vocab != vocab:
         raise ShapeMismatch(f"packed rows have V={packed.vocab}, weight has V={vocab}")
-    block = BlockReader(packed, h32) if packed is not None else None
+    cover = None if row_vocab is None else _Cover(row_vocab)
+    block = BlockReader(packed, h32, cover) if packed is not None else None
     n = -(-vocab // chunk)
     t = batch.temperature.to(torch.float32)
     sampled = t > 0
-    srows = torch.nonzero(sampled).squeeze(1)
+    srows = torch.nonzero(sampled).squeeze(1)  # ascending: a prefix of it lies in rows [0, m)
     t_safe = torch.where(sampled, t, torch.ones_like(t))[:, None]  # [b, 1]
     seed, pos = batch.seed[srows], batch.position[srows]
     frows = torch.nonzero(spec.filtered).squeeze(1)
-    def f32() -> torch.Tensor:
-        return torch.empty(b, n, dtype=torch.float32)
-
-    p = Partials(f32(), torch.empty(b, n, dtype=torch.int64))
+    s_list, f_list = srows.tolist(), frows.tolist()
+    # Rows that see no column of a chunk keep these: a -inf score and empty LSE partials.
+    p = Partials(torch.full((b, n), float("-inf")), torch.zeros(b, n, dtype=torch.int64))
     if spec.logprobs:
-        p.raw_m, p.raw_s = f32(), f32()
+        p.raw_m, p.raw_s = torch.full((b, n), float("-inf")), torch.zeros(b, n)
     if spec.top_p:
-        p.scaled_m, p.scaled_s = f32(), f32()
+        p.scaled_m, p.scaled_s = torch.full((b, n), float("-inf")), torch.zeros(b, n)
     if spec.top_k:
         p.cand_keys = torch.full((b, n * spec.top_k), torch.iinfo(torch.int64).min)
     for c, lo in enumerate(range(0, vocab, chunk)):
         hi = min(lo + chunk, vocab)
-        raw = (h32 @ weight[lo:hi].to(torch.float32).T if block is None  # [b, c]
-               else block(lo, hi))
+        m = b if cover is None else cover.rows(lo)  # rows [0, m) see column lo
+        if m == 0:
+            break
+        raw = (h32[:m] @ weight[lo:hi].to(torch.float32).T if block is None  # [m, c]
+               else block(lo, hi)[:m])
         if bias is not None:
-            raw += bias[:, lo:hi]
+            raw = raw + bias[:m, lo:hi]
+        if cover is not None and cover.vocab[m - 1] < hi:  # a row's head ends inside the chunk
+            raw = raw.masked_fill(torch.arange(lo, hi)[None, :] >= cover.limits[:m, None],
+                                  float("-inf"))
+        ns = bisect_left(s_list, m)  # sampled rows among [0, m)
         # All-greedy groups (spec.sample False) have nothing to scale: raw is the score.
-        scaled = torch.where(sampled[:, None], raw / t_safe, raw) if spec.sample else raw
-        score = scaled if spec.sample else raw
+        scaled = (torch.where(sampled[:m, None], raw / t_safe[:m], raw) if spec.sample
+                  else raw)
+        score = scaled
         if spec.sample:
             score = scaled.clone()
-            score[srows] += rng.gumbel(seed, pos, torch.arange(lo, hi))
+            score[srows[:ns]] += rng.gumbel(seed[:ns], pos[:ns], torch.arange(lo, hi))
         idx = score.argmax(dim=1, keepdim=True)  # first max: lowest id
-        p.best_val[:, c] = score.gather(1, idx).squeeze(1)
-        p.best_idx[:, c] = idx.squeeze(1) + lo
+        p.best_val[:m, c] = score.gather(1, idx).squeeze(1)
+        p.best_idx[:m, c] = idx.squeeze(1) + lo
         if p.raw_m is not None and p.raw_s is not None:
             _lse_partial(raw, p.raw_m, p.raw_s, c)
         if p.scaled_m is not None and p.scaled_s is not None:
             _lse_partial(scaled, p.scaled_m, p.scaled_s, c)
-        if p.cand_keys is not None and frows.numel():
+        nf = bisect_left(f_list, m)
+        if p.cand_keys is not None and nf:
             k = min(spec.top_k, hi - lo)
-            keys = pack_keys(scaled[frows], torch.arange(lo, hi)[None, :])
-            p.cand_keys[frows, c * spec.top_k:c * spec.top_k + k] = torch.topk(keys, k).values
+            keys = pack_keys(scaled[frows[:nf]], torch.arange(lo, hi)[None, :])
+            p.cand_keys[frows[:nf], c * spec.top_k:c * spec.top_k + k] = torch.topk(
+                keys, k).values
     return p
 
 
+class _Cover:
+    """Which rows of a nested pass see a column: rows sorted by their V, descending."""
+
+    def __init__(self, row_vocab: list[int]) -> None:
+        if any(a < b for a, b in zip(row_vocab, row_vocab[1:], strict=False)):
+            raise ShapeMismatch("row_vocab must be in descending order")
+        self.vocab = row_vocab
+        self.limits = torch.tensor(row_vocab, dtype=torch.int64)  # [b]
+        self._neg = [-v for v in row_vocab]  # ascending, for bisect
+
+    def rows(self, col: int) -> int:
+        """The number of leading rows whose V exceeds `col`."""
+        return bisect_left(self._neg, -col)
+
+
 def _lse_partial(x: torch.Tensor, m: torch.Tensor, s: torch.Tensor, c: int) -> None:
-    top = x.max(dim=1).values  # [b]
+    # x: [r, c] for the leading r rows of the partials m, s [b, n]
+    top = x.max(dim=1).values  # [r]
     safe = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    m[:, c] = top
-    s[:, c] = torch.exp(x - safe[:, None]).sum(dim=1)
+    r = x.shape[0]
+    m[:r, c] = top
+    s[:r, c] = torch.exp(x - safe[:, None]).sum(dim=1)
 
 
 def _rows(batch: SamplingBatch, rows: torch.Tensor) -> SamplingBatch:

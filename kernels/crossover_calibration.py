@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import re
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,22 @@ class CrossoverCalibration:
             return None
         b = entry.get("b_star")
         return math.inf if b is None else float(b)
+
+    def measured_s(self, vocab: int, d: int, dtype: str, mode: str, b: float,
+                   kernel: str) -> float | None:
+        """Measured seconds of one group of b rows on `kernel` ("stream" or "split"), linear
+        in b between the sweep's sizes; None outside the sweep or without an entry."""
+        entry = self.entries.get(entry_key(vocab, d, dtype, mode))
+        if entry is None or "b" not in entry:
+            return None
+        bs, ts = entry["b"], entry.get("t_split_s" if kernel == "split" else "t_stream_s")
+        if not ts or len(ts) != len(bs) or not bs[0] <= b <= bs[-1]:
+            return None
+        i = bisect_left(bs, b)
+        if bs[i] == b:
+            return float(ts[i])
+        f = (b - bs[i - 1]) / (bs[i] - bs[i - 1])
+        return float(ts[i - 1] + f * (ts[i] - ts[i - 1]))
 
     def fitted(self) -> Efficiency | None:
         e = self.efficiency

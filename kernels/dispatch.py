@@ -21,8 +21,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def batch_mode(batch: SamplingBatch, vocab: int) -> str:
-    """The sampling mode of a head group, as the selector and calibration key it."""
+def batch_mode(batch: SamplingBatch, vocab: int | torch.Tensor) -> str:
+    """The sampling mode of a head group, as the selector and calibration key it. `vocab`: V,
+    or per row [b] (a nested pass, where each row's top-k is judged against its own head)."""
     sampled = batch.temperature > 0
     if not bool(sampled.any()):
         return "greedy"

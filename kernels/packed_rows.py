@@ -14,6 +14,7 @@ costs one extra copy of the largest head's rows. Results agree with `h @ W.T` to
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import torch
 
@@ -84,23 +85,42 @@ class RowPacker:
         return sum(k[1] * k[2] * 4 for k in self._blocks)
 
 
+class RowCover(Protocol):
+    def rows(self, col: int) -> int:
+        """How many leading rows of the batch see vocabulary column `col`."""
+        ...
+
+
 class BlockReader:
     """Logits of any column range [lo, hi) of packed rows for one hidden batch, computing
-    each block once (the chunked kernel walks the columns in order, in sub-block chunks)."""
+    each block once (the chunked kernel walks the columns in order, in sub-block chunks).
 
-    def __init__(self, packed: PackedRows, h32: torch.Tensor) -> None:
+    `cover`: a nested pass (rows sorted by their head's V, descending) multiplies block j by
+    the rows that see its first column only; a range then has cover.rows(lo) rows."""
+
+    def __init__(self, packed: PackedRows, h32: torch.Tensor,
+                 cover: RowCover | None = None) -> None:
         packed.check(h32)
-        self.packed, self.h32 = packed, h32
+        self.packed, self.h32, self.cover = packed, h32, cover
         self._j, self._block = -1, h32.new_empty(0)
 
+    def _rows(self, col: int) -> int:
+        return self.h32.shape[0] if self.cover is None else self.cover.rows(col)
+
     def __call__(self, lo: int, hi: int) -> torch.Tensor:
-        # -> [b, hi - lo] fp32 (a view of the block when the range lies inside one)
+        # -> [rows(lo), hi - lo] fp32 (a view of the block when the range lies inside one)
         n = self.packed.block_rows
         j = lo // n
         end = (j + 1) * n
         if hi > end:  # spans blocks: only when a caller's chunk does not divide block_rows
-            return torch.cat((self(lo, end), self(end, hi)), dim=1)
+            head, tail = self(lo, end), self(end, hi)
+            if tail.shape[0] < head.shape[0]:
+                # Rows that stop before `end` never read these cells (they score -inf).
+                tail = torch.cat((tail, tail.new_zeros(head.shape[0] - tail.shape[0],
+                                                       tail.shape[1])))
+            return torch.cat((head, tail), dim=1)
         if j != self._j:
-            self._j, self._block = j, self.packed.block_logits(self.h32, j)
+            rows = self._rows(j * n)
+            self._j, self._block = j, self.packed.block_logits(self.h32[:rows], j)
         base = j * n
-        return self._block[:, lo - base:hi - base]
+        return self._block[:self._rows(lo), lo - base:hi - base]

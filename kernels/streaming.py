@@ -43,7 +43,8 @@ class StreamSpec:
     fallback: torch.Tensor  # [b] bool: rows with no exact streaming form (k > K_MAX)
 
 
-def stream_spec(batch: SamplingBatch, vocab: int) -> StreamSpec:
+def stream_spec(batch: SamplingBatch, vocab: int | torch.Tensor) -> StreamSpec:
+    """`vocab`: the head's V, or per row [b] int64 (a nested pass over several heads)."""
     t, k, p = batch.temperature, batch.top_k, batch.top_p
     sampled = t > 0
     k_on = (k > 0) & (k < vocab)
@@ -96,10 +97,11 @@ Fallback = Callable[[torch.Tensor], SampleOutput]  # row indices [r] -> their sp
 
 
 def finish(
-    p: Partials, spec: StreamSpec, batch: SamplingBatch, vocab: int,
+    p: Partials, spec: StreamSpec, batch: SamplingBatch, vocab: int | torch.Tensor,
     logit_at: Callable[[torch.Tensor], torch.Tensor], fallback: Fallback,
 ) -> SampleOutput:
-    """Stage 2. logit_at(token_ids [b]) -> their raw logits [b] fp32 (for logprobs)."""
+    """Stage 2. logit_at(token_ids [b]) -> their raw logits [b] fp32 (for logprobs).
+    `vocab`: V, or per row [b] (each row's own head, as in stream_spec)."""
     dev = p.best_val.device
     tile = p.best_val.argmax(dim=1, keepdim=True)  # first max: the lowest tile
     tokens = p.best_idx.gather(1, tile).squeeze(1)  # [b]
@@ -124,7 +126,8 @@ def finish(
 
 
 def _sample_candidates(
-    p: Partials, spec: StreamSpec, batch: SamplingBatch, vocab: int, rows: torch.Tensor
+    p: Partials, spec: StreamSpec, batch: SamplingBatch, vocab: int | torch.Tensor,
+    rows: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k / top-p + Gumbel-max over the merged candidates of `rows` -> (tokens [r],
     inexact [r] bool: the nucleus did not close inside the candidates)."""
@@ -135,7 +138,8 @@ def _sample_candidates(
     vals, ids = unpack_keys(top)  # [r, K]
     k = batch.top_k.to(dev)[rows]
     top_p = batch.top_p.to(dev, torch.float64)[rows]
-    k_on = (k > 0) & (k < vocab)
+    v = vocab.to(dev)[rows] if isinstance(vocab, torch.Tensor) else vocab
+    k_on = (k > 0) & (k < v)
     rank = torch.arange(vals.shape[1], device=dev)[None, :]
     keep = ~k_on[:, None] | (rank < k[:, None])
     # float64 softmax as in the reference's filter_mask. Normalizer: the top-k set when top-k

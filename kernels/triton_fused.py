@@ -6,7 +6,9 @@ tl.dot, b padded to BLOCK_B ∈ {16, 32, 64}, fp32 accumulation. The epilogue ap
 position, token id; https://prng.di.unimi.it/splitmix64.c), and writes per-tile partials:
 (max, argmax) of the score, online-LSE (m, s) of ℓ and of ℓ/T, and the tile's top-K
 candidates as packed (ℓ/T, id) int64 keys. Gumbel-max sampling: https://arxiv.org/abs/1411.0030.
-Stage 2 (kernels/streaming.py) reduces the [b, V/BLOCK_V] partials.
+Stage 2 (kernels/streaming.py) reduces the [b, V/BLOCK_V] partials. A per-row vocabulary
+limit (a nested pass over several heads, kernels/nested.py) scores a row's columns past its
+own V as -inf; W is still read once per tile (all rows of a step share one b block up to 64).
 
 With FROM_LOGITS the same epilogue reads materialized logits instead: the split path's sampler
 on GPU, so both paths share one epilogue and draw identical noise.
@@ -24,6 +26,7 @@ import triton.language as tl
 
 from kernels import reference, rng
 from kernels.errors import ShapeMismatch
+from kernels.row_groups import reference_per_head
 from kernels.sampling_params import SampleOutput, SamplingBatch
 from kernels.streaming import Partials, StreamSpec, finish, stream_spec
 
@@ -40,7 +43,7 @@ def _mix64(z):
 
 @triton.jit
 def _stage1(
-    h_ptr, w_ptr, bias_ptr, temp_ptr, rowkey_ptr,
+    h_ptr, w_ptr, bias_ptr, temp_ptr, rowkey_ptr, vlim_ptr,
     best_val_ptr, best_idx_ptr, raw_m_ptr, raw_s_ptr, sc_m_ptr, sc_s_ptr, cand_ptr,
     b, V, d, stride_h, stride_w, stride_bias, n_tiles,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, K: tl.constexpr,
@@ -53,6 +56,9 @@ def _stage1(
     cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)  # [BV]
     rmask = rows < b
     cmask = cols < V
+    # Each row's own V (a nested pass: its head is a prefix of W); columns past it are -inf.
+    vlim = tl.load(vlim_ptr + rows, mask=rmask, other=0)
+    vmask = cols[None, :] < vlim[:, None]  # [BB, BV]
     if FROM_LOGITS:
         acc = tl.load(w_ptr + rows[:, None] * stride_w + cols[None, :],
                       mask=rmask[:, None] & cmask[None, :], other=0.0)
@@ -74,7 +80,7 @@ def _stage1(
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rows[:, None] * stride_bias + cols[None, :],
                        mask=rmask[:, None] & cmask[None, :], other=0.0)
-    raw = tl.where(cmask[None, :], acc, float("-inf"))  # [BB, BV]
+    raw = tl.where(cmask[None, :] & vmask, acc, float("-inf"))  # [BB, BV]
     t = tl.load(temp_ptr + rows, mask=rmask, other=0.0)
     sampled = (t > 0)[:, None]
     t_safe = tl.where(t > 0, t, 1.0)
@@ -142,7 +148,9 @@ def _block_b(b: int) -> int:
 def _partials(
     src: torch.Tensor, hidden: torch.Tensor | None, batch: SamplingBatch, spec: StreamSpec,
     vocab: int, bias: torch.Tensor | None, blocks: Blocks, from_logits: bool,
+    row_vocab: torch.Tensor | None = None,
 ) -> Partials:
+    """`row_vocab`: [b] int64, each row's own V <= vocab (a nested pass); None: all vocab."""
     b, dev = len(batch), src.device
     block_v = max(blocks.block_v, spec.top_k)
     n = triton.cdiv(vocab, block_v)
@@ -159,11 +167,13 @@ def _partials(
         p.cand_keys = torch.empty(b, n * spec.top_k, dtype=torch.int64, device=dev)
     temp = batch.temperature.to(dev, torch.float32).contiguous()
     keys = rng.row_keys(batch.seed, batch.position).to(dev).contiguous()
+    vlim = (torch.full((b,), vocab, dtype=torch.int64, device=dev) if row_vocab is None
+            else row_vocab.to(dev, torch.int64).contiguous())
     h = src if hidden is None else hidden
     bb = _block_b(b)
     grid = (n, triton.cdiv(b, bb))
     _stage1[grid](
-        h, src, dummy if bias is None else bias, temp, keys,
+        h, src, dummy if bias is None else bias, temp, keys, vlim,
         p.best_val, p.best_idx, p.raw_m if p.raw_m is not None else dummy,
         p.raw_s if p.raw_s is not None else dummy,
         p.scaled_m if p.scaled_m is not None else dummy,
@@ -182,8 +192,12 @@ def _partials(
 def unembed_and_sample(
     hidden: torch.Tensor, weight: torch.Tensor, batch: SamplingBatch,
     bias: torch.Tensor | None = None, blocks: Blocks | None = None,
+    row_vocab: torch.Tensor | None = None,
 ) -> SampleOutput:
-    """Same call and result as kernels.reference.unembed_and_sample, in one pass over W."""
+    """Same call and result as kernels.reference.unembed_and_sample, in one pass over W.
+
+    `row_vocab` [b] int64: a nested pass (kernels/nested.py). Row i samples among its own
+    head's first row_vocab[i] rows of W, as if it ran alone against weight[:row_vocab[i]]."""
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ShapeMismatch(f"hidden {tuple(hidden.shape)} vs weight {tuple(weight.shape)}")
     if len(batch) != hidden.shape[0]:
@@ -195,18 +209,22 @@ def unembed_and_sample(
     h = hidden.to(compute).contiguous()
     w = weight if weight.stride(1) == 1 else weight.contiguous()  # a row prefix stays a view
     bias2 = _bias(bias, hidden.shape[0], vocab, hidden.device)
-    spec = stream_spec(batch, vocab)
-    p = _partials(w, h, batch, spec, vocab, bias2, blocks, from_logits=False)
+    limits = vocab if row_vocab is None else row_vocab.to(hidden.device, torch.int64)
+    spec = stream_spec(batch, limits)
+    p = _partials(w, h, batch, spec, vocab, bias2, blocks, from_logits=False,
+                  row_vocab=row_vocab)
 
     def logit_at(tokens: torch.Tensor) -> torch.Tensor:
         out = (hidden.to(torch.float32) * weight[tokens].to(torch.float32)).sum(dim=1)
         return out if bias2 is None else out + bias2.gather(1, tokens[:, None]).squeeze(1)
 
     def fallback(rows: torch.Tensor) -> SampleOutput:
+        if row_vocab is not None:
+            return reference_per_head(hidden, weight, batch, bias2, row_vocab, rows)
         return reference.unembed_and_sample(
             hidden[rows], weight, _rows(batch, rows), None if bias2 is None else bias2[rows])
 
-    return finish(p, spec, batch, vocab, logit_at, fallback)
+    return finish(p, spec, batch, limits, logit_at, fallback)
 
 
 def sample_logits(

@@ -6,8 +6,11 @@ s = weight bytes per parameter and B = Σ b_g (the backbone runs once for all gr
     resource          bytes / FLOPs                                time
     backbone weights  N·s                                          ÷ BW
     KV read           Σ b_g·ctx_g·kv                               ÷ BW
-    unembedding       Σ V_g·d·s                                    ÷ BW
-    sampler traffic   Σ 8·b_g·V_g when the group runs split        ÷ BW
+    unembedding       Σ over passes of V_p·d·s                     ÷ BW
+                      (a nested pass over heads that share rows reads the largest one's
+                      V_max·d·s once, as the engine runs it when `kernels.nested_plan`
+                      picks it; any other group is a pass of its own)
+    sampler traffic   Σ 8·b_g·V_g when its pass runs split         ÷ BW
                       (GEMM + sampler writes and re-reads fp32 logits; the streaming kernel
                       the engine picks below the crossover b* never materializes them; b* is
                       `kernels.crossover`'s, the rule the engine's selector uses)
@@ -29,8 +32,10 @@ One request's marginal cost on head h, given the live mix of head groups G that 
     C_req(h)   = (prefill_h + n_h · Δ_h) ÷ (n_h · bpt_out_h)      device-s per output byte
 
 A request that opens a group adds that head's whole V·d read to every step; one that joins
-a running group shares it. n_h is max_tokens (the cap the request may use) and bpt_out_h its
-predicted output bytes/token on h (router.compression).
+a running group shares it; one on a head nested inside a larger live head's rows adds its
+FLOPs (and sampler work) only, so a smaller head is nearly free while a larger one is live.
+n_h is max_tokens (the cap the request may use) and bpt_out_h its predicted output
+bytes/token on h (router.compression).
 
 C_train counts 6 FLOP per parameter per training token (forward 2 + backward 4) at the
 device's peak: a floor; a real run at 40–50% MFU costs about twice that, for every V alike.
@@ -46,6 +51,7 @@ from typing import Protocol
 from kernels.crossover import DEFAULT_MODE, dtype_for_bytes, picks_split
 from kernels.crossover_calibration import CrossoverCalibration
 from kernels.devices import DeviceSpec
+from kernels.nested_plan import GroupShape, effective_batch, plan_nested
 from router.profiles import HeadProfile, RequestFeatures
 
 log = logging.getLogger(__name__)
@@ -137,6 +143,51 @@ def split_kernel(group: Group, device: DeviceSpec,
                        calibration)
 
 
+def unembed_passes(groups: Sequence[Group], device: DeviceSpec,
+                   calibration: CrossoverCalibration | None = None) -> list[tuple[Group, ...]]:
+    """The step's unembedding passes as the engine runs them: groups whose heads share rows
+    in one nested pass when `kernels.nested_plan` says so (the engine's rule), else one pass
+    per group."""
+    shared: dict[tuple, list[Group]] = {}
+    passes: list[tuple[Group, ...]] = []
+    for g in groups:
+        h = g.head
+        if h.shared_rows is None:
+            passes.append((g,))
+        else:
+            shared.setdefault((h.shared_rows, h.hidden_size, h.weight_bytes_per_param),
+                              []).append(g)
+    for gs in shared.values():
+        passes.extend([tuple(gs)] if len(gs) > 1 and _nested(gs, device, calibration)
+                      else [(g,) for g in gs])
+    return passes
+
+
+def _nested(groups: Sequence[Group], device: DeviceSpec,
+            calibration: CrossoverCalibration | None) -> bool:
+    h = groups[0].head
+    return plan_nested([GroupShape(g.batch, g.head.vocab_size) for g in groups],
+                       h.hidden_size, dtype_for_bytes(h.weight_bytes_per_param), DEFAULT_MODE,
+                       device, calibration).nested
+
+
+def _pass_bytes(p: tuple[Group, ...], device: DeviceSpec,
+                calibration: CrossoverCalibration | None) -> tuple[float, float]:
+    """(W bytes read, sampler bytes) of one unembedding pass. A nested pass reads the
+    largest head's rows once and runs split iff its FLOP-equivalent batch on that head does."""
+    if len(p) == 1:
+        g = p[0]
+        h = g.head
+        split = split_kernel(g, device, calibration)
+        return (h.unembed_params * h.weight_bytes_per_param,
+                LOGIT_BYTES * g.batch * h.vocab_size if split else 0.0)
+    top = max((g.head for g in p), key=lambda h: h.vocab_size)
+    b_eff = effective_batch([GroupShape(g.batch, g.head.vocab_size) for g in p])
+    split = split_kernel(Group(top, b_eff, 0.0), device, calibration)
+    cells = sum(g.batch * g.head.vocab_size for g in p)
+    return top.unembed_params * top.weight_bytes_per_param, LOGIT_BYTES * cells if split else 0.0
+
+
 def mixed_step_cost(groups: Sequence[Group], device: DeviceSpec,
                     calibration: CrossoverCalibration | None = None) -> StepCost:
     if not groups:
@@ -151,11 +202,12 @@ def mixed_step_cost(groups: Sequence[Group], device: DeviceSpec,
         # One backbone read per step, whichever group is biggest (heads share the backbone).
         weights = max(weights, h.backbone_params * s)
         kv += g.batch * g.ctx_tokens * h.kv_bytes_per_token
-        unembed += h.unembed_params * s
-        if split_kernel(g, device, calibration):
-            sampler += LOGIT_BYTES * g.batch * h.vocab_size
         flops += 2.0 * g.batch * (h.backbone_params + h.unembed_params)
         flops += 2.0 * g.batch * g.ctx_tokens * h.kv_bytes_per_token / s
+    for p in unembed_passes(groups, device, calibration):
+        w_bytes, s_bytes = _pass_bytes(p, device, calibration)
+        unembed += w_bytes
+        sampler += s_bytes
     bw = device.mem_bw
     return StepCost(weights / bw, kv / bw, unembed / bw, flops / device.peak_flops,
                     device.launch_overhead_s, sampler / bw)
@@ -194,6 +246,12 @@ def infer_cost_per_byte(
     """C_infer: device-seconds per served byte at group size `batch`."""
     t = _timer(device).step_time((Group(head, batch, ctx_tokens),))
     return t / (batch * head.bpt)
+
+
+def mix_cost_per_byte(timer: StepTimer, groups: Sequence[Group]) -> float:
+    """Device-seconds per served byte of a step of these groups: its time ÷ Σ b_g·bpt_g.
+    One group of B on head h is C_infer(h, B)."""
+    return timer.step_time(groups) / sum(g.batch * g.head.bpt for g in groups)
 
 
 def train_cost_per_byte(head: HeadProfile, device: DeviceSpec | StepTimer) -> float:

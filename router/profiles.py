@@ -43,6 +43,11 @@ class HeadProfile:
     # (trimmed, nested) or trained before serving is sunk: its C_train cannot change which
     # head is cheaper to serve. Only a head still to be trained or adapted is not.
     training_sunk: bool = True
+    # The matrix whose first V rows this head's logits use unchanged (a nested head, or one
+    # with a hidden-state adapter); None when it owns its rows (its own matrix, or low-rank
+    # adapted rows folded into a copy). Heads naming the same matrix share one read of the
+    # largest live one's rows per step (kernels/nested_plan.py).
+    shared_rows: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -84,7 +84,10 @@ def compute_dtype(settings: Settings) -> str:
     return "float32" if settings.compute_dtype == "auto" else settings.compute_dtype
 
 
-def head_profiles(manifest: Manifest, dtype: str | None = None) -> list[HeadProfile]:
+def head_profiles(manifest: Manifest, dtype: str | None = None,
+                  nested_pass: bool = True) -> list[HeadProfile]:
+    """`nested_pass`: the backend reads a nested head's rows in one pass with the larger
+    live heads' (the local engine); the vLLM backend's logits run per head."""
     b = manifest.backbone
     s = DTYPE_BYTES[dtype or manifest.dtype]
     return [
@@ -99,6 +102,8 @@ def head_profiles(manifest: Manifest, dtype: str | None = None) -> list[HeadProf
             training_bytes=h.training_bytes,
             bpb=h.bpb,
             training_sunk=h.training_sunk,
+            shared_rows=(h.unembedding if nested_pass and (
+                h.adapter is None or h.adapter.kind == "hidden") else None),
         )
         for h in manifest.heads
     ]
@@ -109,7 +114,8 @@ def device_spec(name: str) -> DeviceSpec:
 
 
 def build_router(manifest: Manifest, settings: Settings) -> tuple[Router, LiveState]:
-    profiles = head_profiles(manifest, compute_dtype(settings))
+    profiles = head_profiles(manifest, compute_dtype(settings),
+                             nested_pass=settings.backend == "local")
     state = LiveState.for_profiles(profiles, settings.batch_window_s, settings.prompt_bpb_alpha)
     device = device_spec(settings.device)
     # The engine's kernel crossovers on this device, so the cost model prices the same kernel.

@@ -34,9 +34,15 @@ class EngineConfig:
     # demo's residual stream holds denormals: a [4, 640] residual add took 55 us instead of
     # 2.6 us with them. Values below 1.2e-38 become 0, far inside any tolerance here.
     flush_denormals: bool = True
+    # Nested heads in one step: "auto" lets kernels.nested_plan choose one pass over the
+    # largest head's rows or one pass per head; "always" / "never" force either.
+    nested_heads: str = "auto"
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        if self.nested_heads not in ("auto", "always", "never"):
+            raise ValueError(f"EngineConfig.nested_heads: {self.nested_heads!r} not in "
+                             "('auto', 'always', 'never')")
         for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"EngineConfig.{name} must be > 0")

@@ -1,5 +1,7 @@
 """Runs one scheduled step: builds the tensors, runs the shared backbone once for the whole
-mixed-head batch, then unembeds and samples once per head group."""
+mixed-head batch, then unembeds and samples: once per head group, or, for groups whose heads
+are prefixes of one matrix, in one pass over the largest one's rows when
+`kernels.nested_plan` (the rule the router's cost model prices) finds that cheaper."""
 
 from __future__ import annotations
 
@@ -17,12 +19,15 @@ from heads.engine.cpu_linear import pack_linears, packing_available
 from heads.engine.prompt_score import ScoreJob, score_prompts
 from heads.engine.sequence import Sequence
 from heads.engine.types import PromptScore
+from heads.model.adapter import HeadOutput
 from heads.model.attention import AttentionMetadata, allocate_kv_cache, slots_for
 from heads.model.multi_head import MultiHeadModel
+from kernels import nested
 from kernels.crossover_calibration import load_calibration
 from kernels.dispatch import batch_mode, device_spec, dtype_name, run_plan
+from kernels.nested_plan import GroupShape, effective_batch, plan_nested
 from kernels.packed_rows import PackedRows, RowPacker, packing_supported
-from kernels.sampling_params import SamplingBatch
+from kernels.sampling_params import SampleOutput, SamplingBatch
 from kernels.selector import Selector
 
 log = logging.getLogger(__name__)
@@ -65,6 +70,7 @@ class ModelRunner:
         )
         self.device_spec = device_spec(self.device)
         self.selector = Selector(load_calibration(self.device_spec.name))
+        self.nested_heads = config.nested_heads
         self._kernel_counts: Counter[tuple[str, str]] = Counter()  # (head, kernel) -> groups
         self._counts_lock = threading.Lock()
         self.score_seconds = 0.0  # total time in prompt scoring (what live BPB costs)
@@ -160,32 +166,84 @@ class ModelRunner:
         scores = self._score(seqs, hidden, last) if is_prefill else None
         hidden = hidden[self._tensor(last)]  # [B, d]: the last token of each sequence
 
+        token_ids, logprobs = self._unembed(seqs, hidden)
+        return StepOutput(token_ids, logprobs, scores)
+
+    def _unembed(self, seqs: list[Sequence], hidden: torch.Tensor
+                 ) -> tuple[list[int], list[float | None]]:
+        # hidden: [B, d], one row per sequence. Groups whose heads are prefixes of one matrix
+        # may share one pass over the largest head's rows (kernels/nested.py).
         token_ids: list[int] = [0] * len(seqs)
         logprobs: list[float | None] = [None] * len(seqs)
-        for head, rows in _groups([s.head for s in seqs]).items():
-            group = [seqs[i] for i in rows]
-            want = any(s.want_logprobs for s in group)
-            batch = SamplingBatch.from_rows(
-                [s.params for s in group],
-                [s.num_tokens for s in group],  # index of the token being sampled
-                want_logprobs=want,
-            )
-            head_out = self.model.head_output(head)  # rows [V, d], adapter if any
-            weight = head_out.weight
-            plan = self.selector.choose(
-                len(rows), weight.shape[0], weight.shape[1], dtype_name(weight.dtype),
-                batch_mode(batch, weight.shape[0]), self.device_spec,
-            )
-            out = run_plan(plan, head_out.hidden(hidden[self._tensor(rows)]), weight, batch,
-                           head_out.bias, self.packed_rows.get(head))
-            with self._counts_lock:
-                self._kernel_counts[(head, plan.kernel)] += 1
-            toks = out.token_ids.tolist()
-            lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(rows)
-            for i, s, t, lp in zip(rows, group, toks, lps, strict=True):
+        groups = [_Group(head, rows, seqs, self.model.head_output(head))
+                  for head, rows in _groups([s.head for s in seqs]).items()]
+        for shared in _by_rows(groups).values():
+            if len(shared) > 1 and self._nest(shared):
+                self._run_nested(shared, hidden)
+            else:
+                for g in shared:
+                    self._run_group(g, hidden)
+        for g in groups:
+            assert g.out is not None
+            toks = g.out.token_ids.tolist()
+            lps = g.out.logprobs.tolist() if g.out.logprobs is not None else [None] * len(g.rows)
+            for i, t, lp in zip(g.rows, toks, lps, strict=True):
                 token_ids[i] = t
-                logprobs[i] = lp if s.want_logprobs else None
-        return StepOutput(token_ids, logprobs, scores)
+                logprobs[i] = lp if seqs[i].want_logprobs else None
+        return token_ids, logprobs
+
+    def _run_group(self, g: _Group, hidden: torch.Tensor) -> None:
+        weight = g.head_out.weight
+        plan = self.selector.choose(
+            len(g.rows), weight.shape[0], weight.shape[1], dtype_name(weight.dtype),
+            batch_mode(g.batch, weight.shape[0]), self.device_spec,
+        )
+        g.out = run_plan(plan, g.head_out.hidden(hidden[self._tensor(g.rows)]), weight, g.batch,
+                         g.head_out.bias, self.packed_rows.get(g.head))
+        self._count(g.head, plan.kernel)
+
+    def _nest(self, groups: list[_Group]) -> bool:
+        if self.nested_heads != "auto":
+            return self.nested_heads == "always"
+        weight = groups[0].head_out.weight
+        batch = _concat([g.batch for g in groups])
+        row_vocab = torch.tensor([g.vocab for g in groups for _ in g.rows])
+        plan = plan_nested([GroupShape(len(g.rows), g.vocab) for g in groups],
+                           weight.shape[1], dtype_name(weight.dtype),
+                           batch_mode(batch, row_vocab), self.device_spec,
+                           self.selector.calibration)
+        return plan.nested
+
+    def _run_nested(self, groups: list[_Group], hidden: torch.Tensor) -> None:
+        top = max(groups, key=lambda g: g.vocab)
+        weight, vmax = top.head_out.weight, top.vocab
+        h = torch.cat([g.head_out.hidden(hidden[self._tensor(g.rows)]) for g in groups])
+        row_vocab = self._tensor([g.vocab for g in groups for _ in g.rows])
+        batch = _concat([g.batch for g in groups])
+        bias = None
+        if any(g.head_out.bias is not None for g in groups):
+            bias = torch.zeros(h.shape[0], vmax, dtype=torch.float32, device=self.device)
+            at = 0
+            for g in groups:
+                if g.head_out.bias is not None:
+                    bias[at:at + len(g.rows), :g.vocab] = g.head_out.bias
+                at += len(g.rows)
+        b_eff = effective_batch([GroupShape(len(g.rows), g.vocab) for g in groups])
+        plan = self.selector.choose(b_eff, vmax, weight.shape[1], dtype_name(weight.dtype),
+                                    batch_mode(batch, row_vocab), self.device_spec)
+        out = nested.unembed_and_sample(plan.kernel, h, weight, row_vocab, batch, bias,
+                                        self.packed_rows.get(top.head))
+        at = 0
+        for g in groups:
+            n = len(g.rows)
+            g.out = SampleOutput(out.token_ids[at:at + n],
+                                 None if out.logprobs is None else out.logprobs[at:at + n])
+            self._count(g.head, f"nested-{plan.kernel}")
+            at += n
+
+    def _count(self, head: str, kernel: str) -> None:
+        with self._counts_lock:
+            self._kernel_counts[(head, kernel)] += 1
 
     def _score(self, seqs: list[Sequence], hidden: torch.Tensor,
                last: list[int]) -> list[PromptScore | None] | None:
@@ -216,6 +274,45 @@ def _pack_heads(model: MultiHeadModel) -> dict[str, PackedRows]:
             out[head] = packer.pack(weight)
     log.info("packed the rows of %d heads for oneDNN: %.1f MiB", len(out), packer.nbytes / 2**20)
     return out
+
+
+class _Group:
+    """One head's rows of a step, its sampling batch and what its logits come from."""
+
+    def __init__(self, head: str, rows: list[int], seqs: list[Sequence],
+                 head_out: HeadOutput) -> None:
+        self.head, self.rows, self.head_out = head, rows, head_out
+        group = [seqs[i] for i in rows]
+        self.batch = SamplingBatch.from_rows(
+            [s.params for s in group],
+            [s.num_tokens for s in group],  # index of the token being sampled
+            want_logprobs=any(s.want_logprobs for s in group),
+        )
+        self.out: SampleOutput | None = None
+
+    @property
+    def vocab(self) -> int:
+        return int(self.head_out.weight.shape[0])
+
+
+def _by_rows(groups: list[_Group]) -> dict[tuple, list[_Group]]:
+    """Groups keyed by where their rows live: heads whose rows are a prefix of the same
+    matrix (same first row, same row stride) share a key. A low-rank head owns a folded copy
+    of its rows; a hidden-adapted head keeps the shared rows (its transform is per group)."""
+    out: dict[tuple, list[_Group]] = {}
+    for g in groups:
+        w = g.head_out.weight
+        key = (w.device, w.dtype, w.data_ptr(), w.stride(0), w.stride(1))
+        out.setdefault(key, []).append(g)
+    return out
+
+
+def _concat(batches: list[SamplingBatch]) -> SamplingBatch:
+    def cat(field: str) -> torch.Tensor:
+        return torch.cat([getattr(b, field) for b in batches])
+
+    return SamplingBatch(cat("temperature"), cat("top_p"), cat("top_k"), cat("seed"),
+                         cat("position"), any(b.want_logprobs for b in batches))
 
 
 def _groups(heads: list[str]) -> dict[str, list[int]]:

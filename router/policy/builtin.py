@@ -2,10 +2,13 @@
 
 The cost-based policies decide on two levels:
 
-- **The regime** (which head typical traffic should use now): every head is compared at the
-  same live B, the smoothed running batch plus the new request, as if it served the whole
-  batch (the steady state of a switch), with the manifest's bytes/token. Hysteresis, the
-  minimum dwell and the flap cap hold this choice.
+- **The regime** (which head typical traffic should use now): every head is compared under
+  the live mix (`regime_mix`): the smoothed running batch per head plus the new request, with
+  the regime head's traffic moved to the candidate and the groups the quality bound holds on
+  larger heads left where they are (the steady state of a switch). A candidate whose
+  rows nest inside a group that stays live shares that group's read (router.cost), so it is
+  not priced as if it served the batch alone. Per served byte, with the manifest's
+  bytes/token. Hysteresis, the minimum dwell and the flap cap hold this choice.
 - **The request** (with `features: "request"`, when the gateway tokenized the prompt with
   every head): its marginal cost per output byte on each head under the live mix of head
   groups (router.cost.request_cost_per_byte), with its own predicted bytes/token, over the
@@ -29,8 +32,8 @@ from router.cost import (
     Group,
     StepTimer,
     context_tokens,
-    infer_cost_per_byte,
     live_step_s,
+    mix_cost_per_byte,
     request_cost_per_byte,
     train_cost_per_byte,
 )
@@ -72,6 +75,27 @@ def live_groups(snapshot: StateSnapshot, profiles: Sequence[HeadProfile],
     return tuple(groups)
 
 
+def regime_mix(snapshot: StateSnapshot, profiles: Sequence[HeadProfile], head: HeadProfile,
+               held: str | None, ctx: Mapping[str, float]) -> tuple[Group, ...]:
+    """The steady state if the regime were `head`: the smoothed groups, rounded, with the new
+    request, the held regime head's requests and those on heads no larger than `head` moved to
+    `head`. Groups on larger heads stay: the quality bound only ever sends a request up, to a
+    head nearer the native segmentation, so a regime switch would not move them. With no held
+    head all of B goes to `head`. ctx: mean context per head, tokens."""
+    shares = snapshot.smoothed_running or snapshot.running
+    counts: dict[str, int] = {}
+    moved = 1  # the new request
+    for p in profiles:
+        b = round(shares.get(p.name, 0))
+        if held is None or p.name == held or p.vocab_size <= head.vocab_size:
+            moved += b
+        elif b >= 1:
+            counts[p.name] = b
+    counts[head.name] = counts.get(head.name, 0) + moved
+    by_name = {p.name: p for p in profiles}
+    return tuple(Group(by_name[n], b, ctx[n]) for n, b in counts.items())
+
+
 def argmin(costs: Mapping[str, float]) -> str:
     return min(costs, key=costs.__getitem__)  # first head wins exact ties
 
@@ -101,8 +125,9 @@ class CostPolicy:
         self.params = params
         self.stability = Stabilizer(params.min_dwell_s, params.max_switches_per_min, clock)
 
-    def objective(self, head: HeadProfile, batch: int, lam: float, ctx: float) -> float:
-        return infer_cost_per_byte(head, self.timer, batch, ctx)
+    def objective(self, head: HeadProfile, mix: Sequence[Group], lam: float) -> float:
+        """The regime's price of `head`: device-s per served byte of its steady-state mix."""
+        return mix_cost_per_byte(self.timer, mix)
 
     def request_objective(self, head: HeadProfile, features: RequestFeatures,
                           live: Sequence[Group], lam: float, before: float) -> float:
@@ -116,7 +141,9 @@ class CostPolicy:
         self, features: RequestFeatures, snapshot: StateSnapshot, profiles: Sequence[HeadProfile]
     ) -> Choice:
         lam, batch = self.lam(snapshot), live_batch(snapshot)
-        regime = {p.name: self.objective(p, batch, lam, context_tokens(p, features))
+        ctx = {p.name: context_tokens(p, features) for p in profiles}
+        held = self.stability.held
+        regime = {p.name: self.objective(p, regime_mix(snapshot, profiles, p, held, ctx), lam)
                   for p in profiles}
         best = argmin(regime)
         margin = self.params.margin
@@ -180,8 +207,8 @@ class LifecyclePolicy(CostPolicy):
             return 0.0
         return train_cost_per_byte(head, self.timer) / max(lam, LAMBDA_FLOOR)
 
-    def objective(self, head: HeadProfile, batch: int, lam: float, ctx: float) -> float:
-        return infer_cost_per_byte(head, self.timer, batch, ctx) + self._train(head, lam)
+    def objective(self, head: HeadProfile, mix: Sequence[Group], lam: float) -> float:
+        return mix_cost_per_byte(self.timer, mix) + self._train(head, lam)
 
     def request_objective(self, head: HeadProfile, features: RequestFeatures,
                           live: Sequence[Group], lam: float, before: float) -> float:

@@ -199,7 +199,8 @@ class KernelCounts:
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(
             "polyhead_unembed_kernel", "Head groups unembedded, by head and kernel "
-            "(fused | chunked | split)", labels=["head", "kernel"])
+            "(fused | chunked | split; nested-<kernel>: one pass over the largest live "
+            "head's rows with other heads nested in it)", labels=["head", "kernel"])
         for (head, kernel), n in sorted(self._counts.items()):
             family.add_metric([head, kernel], n)
         yield family

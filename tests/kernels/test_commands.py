@@ -33,6 +33,17 @@ def test_bench_kernels_quick(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_bench_kernels_mixed_quick(tmp_path: Path) -> None:
+    out = _cli("bench", "kernels", "--scenario", "mixed", "--quick", "--threads", "1",
+               "--out", str(tmp_path / "m"), env_cache=tmp_path)
+    assert "mixed step <= 1.10x largest head alone" in out
+    doc = json.loads((tmp_path / "m" / "bench_mixed.json").read_text())
+    assert [r["mix"] for r in doc["rows"]] == ["8192x1+4096x1", "8192x2+2048x3"]
+    assert all(r["after_ms"] > 0 and r["alone_ms"] > 0 for r in doc["rows"])
+    assert (tmp_path / "m" / "bench_mixed.png").stat().st_size > 0
+
+
+@pytest.mark.slow
 def test_kernels_calibrate_quick(tmp_path: Path) -> None:
     out = _cli("kernels", "calibrate", "--heads", "a=4096", "--d", "64", "--modes", "greedy",
                "--b-max", "4", "--repeats", "1", "--threads", "1", env_cache=tmp_path)
@@ -66,4 +77,5 @@ def test_engine_counts_kernels_per_head() -> None:
     counts = runner.kernel_counts()
     assert sum(counts.values()) == 2  # one group per head
     assert {h for h, _ in counts} == set(heads[:2])
-    assert {k for _, k in counts} <= {"chunked", "split"}
+    # Both heads are prefixes of one matrix: per group or one nested pass, as the plan picks.
+    assert {k for _, k in counts} <= {"chunked", "split", "nested-chunked", "nested-split"}

@@ -1,0 +1,51 @@
+"""Rows of a nested pass grouped by their head's V: the per-head reference for the rows a
+streaming pass cannot sample exactly, and the batch reordering the nested kernels use."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kernels import reference
+from kernels.sampling_params import SampleOutput, SamplingBatch
+
+log = logging.getLogger(__name__)
+
+
+def take_rows(batch: SamplingBatch, rows: torch.Tensor) -> SamplingBatch:
+    return SamplingBatch(
+        batch.temperature[rows], batch.top_p[rows], batch.top_k[rows], batch.seed[rows],
+        batch.position[rows], batch.want_logprobs,
+    )
+
+
+def reference_per_head(
+    hidden: torch.Tensor, weight: torch.Tensor, batch: SamplingBatch,
+    bias: torch.Tensor | None, row_vocab: torch.Tensor, rows: torch.Tensor,
+) -> SampleOutput:
+    """The reference on `rows` [r], each against its own head's rows weight[:V_i].
+    hidden [b, d]; bias [b, V] fp32 or None; row_vocab [b] int64."""
+    dev = hidden.device
+    tokens = torch.zeros(rows.shape[0], dtype=torch.int64, device=dev)
+    logprobs = (torch.zeros(rows.shape[0], dtype=torch.float32, device=dev)
+                if batch.want_logprobs else None)
+    sub_vocab = row_vocab.to(dev)[rows]
+    for v in torch.unique(sub_vocab).tolist():
+        at = torch.nonzero(sub_vocab == v).squeeze(1)  # positions in `rows`
+        r = rows[at]
+        out = reference.unembed_and_sample(
+            hidden[r], weight[:v], take_rows(batch, r), None if bias is None else bias[r, :v])
+        tokens[at] = out.token_ids.to(dev)
+        if logprobs is not None and out.logprobs is not None:
+            logprobs[at] = out.logprobs.to(dev)
+    return SampleOutput(tokens, logprobs)
+
+
+def descending_order(row_vocab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(perm, inverse): hidden[perm] lists the rows by V descending, ties in batch order,
+    so the rows that see a column are always a prefix; out[inverse] undoes it."""
+    perm = torch.argsort(-row_vocab.to(torch.int64), stable=True)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.shape[0], device=perm.device)
+    return perm, inverse

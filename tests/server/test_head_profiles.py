@@ -1,0 +1,21 @@
+"""Router head profiles from a manifest: which heads share rows for the nested pass."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from heads.manifest import AdapterSpec
+from server.bootstrap import head_profiles
+from tests.heads.tiny import tiny_manifest
+
+
+def test_shared_rows_follow_the_matrix_and_the_adapter_kind() -> None:
+    m = tiny_manifest()
+    specs = {"400": AdapterSpec("hidden", 4, "adapters.400.", "a.safetensors"),
+             "128": AdapterSpec("lowrank", 4, "adapters.128.", "a.safetensors")}
+    m = dataclasses.replace(m, heads=tuple(dataclasses.replace(h, adapter=specs.get(h.name))
+                                           for h in m.heads))
+    local = {p.name: p.shared_rows for p in head_profiles(m)}
+    assert local == {"1k": "matrices.shared", "400": "matrices.shared", "128": None}
+    # The vLLM backend computes each head's logits on its own: no shared read to price.
+    assert {p.shared_rows for p in head_profiles(m, nested_pass=False)} == {None}
