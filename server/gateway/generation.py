@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from heads.engine.types import GenerationRequest, PromptScore, TokenEvent
 from heads.tokenizer import HeadTokenizer, IncrementalDetokenizer
 from server.backends.base import Backend
+from server.gateway.sampling_extensions import NO_EXTENSIONS, Extensions
 from server.gateway.stop_strings import StopStringMatcher
 from server.ops.request_context import add_engine_time
 
@@ -68,9 +69,13 @@ async def generate_text(
     stops: list[str],
     index: int,
     outcome: Outcome,
+    ext: Extensions = NO_EXTENSIONS,
 ) -> AsyncGenerator[Delta, None]:
-    detok = IncrementalDetokenizer(tokenizer)
-    matcher = StopStringMatcher(stops)
+    detok = IncrementalDetokenizer(tokenizer, ext.skip_special_tokens)
+    matcher = StopStringMatcher(stops, ext.include_stop_str)
+    # A stop id's own text is dropped, as vLLM does, unless asked to stay.
+    drop_stop = not ext.include_stop_str
+    echo = ext.echo_text  # goes out with the first delta; not generated, so not counted
     eos = request.stop_token_ids
     outcome.submitted_at = time.perf_counter()
     stream = backend.generate(request)
@@ -85,7 +90,7 @@ async def generate_text(
                 outcome.cached_tokens = event.cached_tokens
             outcome.completion_tokens += 1
             is_eos = event.token_id in eos and event.finish_reason == "stop"
-            text = "" if is_eos else matcher.feed(detok.push(event.token_id))
+            text = "" if is_eos and drop_stop else matcher.feed(detok.push(event.token_id))
             finish = event.finish_reason
             if matcher.matched is not None:
                 finish = "stop"
@@ -95,6 +100,8 @@ async def generate_text(
             lps = () if event.logprob is None or is_eos else (event.logprob,)
             outcome.text_bytes += len(text.encode())
             outcome.parts.append(text)
+            if echo:
+                text, echo = echo + text, ""
             if finish is not None:
                 outcome.finish_reason = finish
                 yield Delta(index, text, ids, lps, finish)
