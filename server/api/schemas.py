@@ -115,6 +115,8 @@ class SamplingFields(RequestBody):
     bad_words: list[str] | None = None
     # Keep the last k prompt tokens (-1: as many as the context allows), as vLLM does.
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    # vLLM: each prompt token's logprob (and the top N) in the choice's "prompt_logprobs".
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
     # Accepted and ignored (IGNORED_FIELDS): identifiers, storage and billing hints.
     user: str | None = None
     metadata: dict[str, Any] | None = None

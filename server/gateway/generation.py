@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
-from heads.engine.types import GenerationRequest, PromptScore, TokenEvent
+from heads.engine.types import GenerationRequest, PromptScore, TokenEvent, TokenLogprobs
 from heads.tokenizer import HeadTokenizer, IncrementalDetokenizer
 from server.backends.base import Backend
 from server.gateway.sampling_extensions import NO_EXTENSIONS, Extensions
@@ -25,6 +25,7 @@ class Delta:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str | None = None  # "stop" | "length" on the last delta
+    tops: tuple[TokenLogprobs, ...] = ()  # beside token_ids, when top logprobs were asked
 
 
 @dataclass(slots=True)
@@ -41,6 +42,7 @@ class Outcome:
     itl: list[float] = field(default_factory=list)  # gaps between tokens, s
     prompt_score: PromptScore | None = None  # the prompt's NLL, when the engine scored it
     cached_tokens: int = 0  # prompt tokens the engine's prefix cache served
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None = None  # prompt tokens 1.., when asked
 
 
 async def _timed(stream: AsyncIterator[TokenEvent], outcome: Outcome) -> AsyncIterator[TokenEvent]:
@@ -88,6 +90,8 @@ async def generate_text(
                 outcome.prompt_score = event.prompt_score
             if event.cached_tokens is not None:
                 outcome.cached_tokens = event.cached_tokens
+            if event.prompt_logprobs is not None:
+                outcome.prompt_logprobs = event.prompt_logprobs
             outcome.completion_tokens += 1
             is_eos = event.token_id in eos and event.finish_reason == "stop"
             text = "" if is_eos and drop_stop else matcher.feed(detok.push(event.token_id))
@@ -98,16 +102,17 @@ async def generate_text(
                 text += matcher.feed(detok.flush()) + matcher.flush()
             ids = () if is_eos else (event.token_id,)
             lps = () if event.logprob is None or is_eos else (event.logprob,)
+            tops = () if event.top is None or is_eos else (event.top,)
             outcome.text_bytes += len(text.encode())
             outcome.parts.append(text)
             if echo:
                 text, echo = echo + text, ""
             if finish is not None:
                 outcome.finish_reason = finish
-                yield Delta(index, text, ids, lps, finish)
+                yield Delta(index, text, ids, lps, finish, tops)
                 return
             if text or ids:
-                yield Delta(index, text, ids, lps)
+                yield Delta(index, text, ids, lps, None, tops)
     finally:
         # Closing the engine stream aborts the request there and frees its KV blocks.
         await timed.aclose()  # type: ignore[attr-defined]

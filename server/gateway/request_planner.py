@@ -107,11 +107,10 @@ class RequestPlanner:
         """`session`: the client's conversation id (x-session-id), for session affinity."""
         self._check_shape(body)
         self._check_stream_options(body)
-        if body.echo or body.suffix is not None or (body.best_of or 1) > 1:
-            raise BadRequest("echo, suffix and best_of are not supported", param="echo")
-        if body.logprobs not in (None, 0, 1):
-            raise BadRequest("only the sampled token's logprob is available (logprobs <= 1)",
-                             param="logprobs")
+        if body.suffix is not None:
+            raise BadRequest("suffix is not supported", param="suffix")
+        if (body.best_of or 1) > 1:
+            raise BadRequest("best_of is not supported; use n", param="best_of")
         token_prompts = body.token_prompts()
         if token_prompts is not None:
             return await self._token_ids(body, token_prompts, session)
@@ -173,9 +172,8 @@ class RequestPlanner:
             raise BadRequest("tool calling is not supported", param="tools")
         if body.response_format and body.response_format.get("type") not in (None, "text"):
             raise BadRequest("only response_format 'text' is supported", param="response_format")
-        if body.top_logprobs:
-            raise BadRequest("top_logprobs is not supported; use logprobs=true",
-                             param="top_logprobs")
+        if body.top_logprobs and not body.logprobs:
+            raise BadRequest("top_logprobs needs logprobs=true", param="top_logprobs")
         text = self.chat_prompt(body.messages, body.add_generation_prompt,
                                 body.continue_final_message, body.chat_template_kwargs)
         return await self._plan("chat", route, body, [text], chat=True, logprobs=body.logprobs,
@@ -314,6 +312,8 @@ class RequestPlanner:
         jobs = []
         s = template.sampling
         for p, ids in enumerate(prompts):
+            job_ext = dataclasses.replace(ext, echo_text=encoded.texts[p]) if ext.echo_prompt \
+                else ext
             for i in range(n):
                 index = p * n + i
                 sampling = RowParams(s.temperature, s.top_p, s.top_k, (s.seed + index) % 2**63)
@@ -321,8 +321,9 @@ class RequestPlanner:
                 req = GenerationRequest(f"{template.request_id}-{index}", head, ids,
                                         max_tokens, sampling, stop_ids,
                                         template.want_logprobs, template.score_prompt and i == 0,
-                                        template.score_positions)
-                jobs.append(ChoiceJob(index, req, tuple(stops), ext))
+                                        template.score_positions, ext.top_logprobs,
+                                        ext.engine_prompt_logprobs)
+                jobs.append(ChoiceJob(index, req, tuple(stops), job_ext))
         return jobs
 
     def _check_stream_options(self, body: SamplingFields) -> None:

@@ -24,7 +24,8 @@ _LOGIT_FIELDS = (
 @dataclass(frozen=True, slots=True)
 class Extensions:
     """The served extensions of one request: how its prompt is cut, how each choice's
-    tokens become text, and when a choice stops beyond its `stop` strings."""
+    tokens become text, when a choice stops beyond its `stop` strings, and which logprobs
+    it reports."""
 
     ignore_eos: bool = False  # the head's EOS ids neither stop nor are dropped
     stop_token_ids: frozenset[int] = frozenset()  # extra ids that end the choice
@@ -33,6 +34,17 @@ class Extensions:
     truncate_prompt_tokens: int | None = None  # keep the last k ids; -1: the context's worth
     add_special_tokens: bool | None = None  # None: the route's default (BOS on completions)
     echo_text: str = ""  # chat echo: the final assistant message, before each choice's text
+    echo_prompt: bool = False  # completion echo: each choice's prompt before its text
+    top_logprobs: int = 0  # alternatives beside each sampled token's logprob
+    prompt_logprobs: int | None = None  # per prompt token: its logprob and the top N
+    wants_logprobs: bool = False  # the sampled tokens' logprobs (logprobs / logprobs=true)
+
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        """What the engine computes for the prompt: echoed logprobs need it too."""
+        if self.echo_prompt and self.wants_logprobs:
+            return max(self.prompt_logprobs or 0, self.top_logprobs)
+        return self.prompt_logprobs
 
     def prompt_ids(self, ids: tuple[int, ...], bos: int | None, max_prompt: int
                    ) -> tuple[int, ...]:
@@ -86,11 +98,18 @@ def extensions(body: SamplingFields) -> Extensions:
         raise BadRequest("truncate_prompt_tokens must be >= 1, or -1",
                          param="truncate_prompt_tokens")
     echo = ""
-    if isinstance(body, ChatCompletionRequest) and body.echo \
-            and body.messages[-1].role == "assistant":
-        echo = body.messages[-1].text()
+    if isinstance(body, ChatCompletionRequest):
+        if body.echo and body.messages[-1].role == "assistant":
+            echo = body.messages[-1].text()
+        wants, top = body.logprobs, (body.top_logprobs or 0) if body.logprobs else 0
+    elif isinstance(body, CompletionRequest):
+        wants, top = body.logprobs is not None, body.logprobs or 0
+    else:
+        wants, top = False, 0
+    echo_prompt = isinstance(body, CompletionRequest) and body.echo
     return Extensions(body.ignore_eos, stop_ids, body.include_stop_str_in_output,
-                      body.skip_special_tokens, body.truncate_prompt_tokens, add, echo)
+                      body.skip_special_tokens, body.truncate_prompt_tokens, add, echo,
+                      echo_prompt, top, body.prompt_logprobs, wants)
 
 
 def check_ids_on_head(rules: Extensions, head: str, vocab: int) -> None:
