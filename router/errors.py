@@ -29,6 +29,14 @@ class HeadUnavailable(RouterError):
     """The request needs a head that an operator drained, or every head is drained."""
 
 
+class NoHeadHoldsIds(RouterError):
+    """The request names token ids (stop_token_ids) that no routable head's vocabulary holds."""
+
+    def __init__(self, min_vocab: int) -> None:
+        super().__init__(f"no routable head holds token id {min_vocab - 1}")
+        self.min_vocab = min_vocab
+
+
 class VersionConflict(RouterError):
     """A policy change named a version that is no longer the active one (optimistic locking)."""
 

@@ -102,6 +102,7 @@ class RequestFeatures:
     tokens: Mapping[str, HeadTokens] = field(default_factory=dict)  # head -> its tokenization
     script: str = "unknown"  # dominant Unicode script class of the prompt (heads.vocab.scripts)
     session: str | None = None  # the client's conversation id (router.affinity)
+    min_vocab: int = 0  # only heads with V >= this hold every token id the request names
     # Filled by the router before the policy runs (router.compression, router.segmentation):
     predicted_bpt: Mapping[str, float] = field(default_factory=dict)  # head -> output B/token
     bpb_penalty: Mapping[str, float] = field(default_factory=dict)  # head -> predicted loss

@@ -16,7 +16,13 @@ from router.affinity import SessionAffinity
 from router.compression import predict_all
 from router.cost import AnalyticTimer, StepTimer
 from router.decisions import DEFAULT_CAPACITY, DecisionLog
-from router.errors import HeadUnavailable, RouterError, UnknownHead, VersionConflict
+from router.errors import (
+    HeadUnavailable,
+    NoHeadHoldsIds,
+    RouterError,
+    UnknownHead,
+    VersionConflict,
+)
 from router.policy.base import Decision, Policy, inputs_of
 from router.policy.build import build_policy
 from router.policy.builtin import Choice, live_batch
@@ -199,12 +205,15 @@ class Router:
             out.append(Decision(c.head, spec.name, 0, c.reason, c.costs, c.code))
         return out
 
-    def _routable(self) -> tuple[HeadProfile, ...]:
+    def _routable(self, min_vocab: int = 0) -> tuple[HeadProfile, ...]:
         drained = self._drained
         profiles = tuple(p for p in self.profiles if p.name not in drained)
         if not profiles:
             raise HeadUnavailable("every head is drained")
-        return profiles
+        holding = tuple(p for p in profiles if p.vocab_size >= min_vocab)
+        if not holding:
+            raise NoHeadHoldsIds(min_vocab)
+        return holding
 
     def preview(self, features: RequestFeatures) -> Decision:
         """What the active policy would choose for `features`, recording nothing and moving
@@ -245,12 +254,14 @@ class Router:
             return Decision(features.pinned_head, "request_pin", active.version, reason, {},
                             "request_pin", inputs_of(snap, live_batch(snap)), time.time(),
                             request_record(features)), features
-        profiles = self._routable()
+        profiles = self._routable(features.min_vocab)
         snap = self.state.snapshot()
         features = self._predict(features, snap, profiles, active.spec)
         c = (policy or active.policy).decide(features, snap, profiles)
         if c.head in self._drained:  # a pinned policy whose head an operator drained
             raise HeadUnavailable(f"policy {active.spec.name} routes to drained head {c.head}")
+        if all(p.name != c.head for p in profiles):  # a pinned policy's head lacks the ids
+            raise NoHeadHoldsIds(features.min_vocab)
         if c.head in features.excluded:  # a policy that does not price requests itself
             c = _within_bound(c, features, profiles)
         if features.session is not None:

@@ -50,6 +50,7 @@ from server.api import (
     tokenize,
 )
 from server.api.body_limit import BodyLimitMiddleware
+from server.api.deps import HEAD_PREFIX
 from server.api.errors import install_error_handlers
 from server.api.ignored_fields import IgnoredFields
 from server.api.middleware import GatewayMiddleware
@@ -320,6 +321,8 @@ def create_app(settings: Settings, *, span_exporter: Any | None = None) -> FastA
     for r in (completions.router, tokenize.router, models.router, health.router, scrape.router,
               admin_policy.router, admin_ops.router, admin_routing.router):
         app.include_router(r)
+    for r in (completions.router, tokenize.router):
+        app.include_router(r, prefix=HEAD_PREFIX)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.cors_allow_origins:  # off by default: no CORS headers at all
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_allow_origins,

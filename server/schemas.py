@@ -98,10 +98,26 @@ class SamplingFields(RequestBody):
     stop: str | list[str] | None = None
     # Any int64, as OpenAI and vLLM take it; each choice runs on (seed + index) mod 2**63.
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     prompt_bpb: bool | None = None  # polyhead extension: false skips live prompt BPB
+    # vLLM's sampling extensions (its SamplingParams names and defaults). Token ids in them
+    # mean one thing on every head that holds them: heads are nested.
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    bad_words: list[str] | None = None
+    # Keep the last k prompt tokens (-1: as many as the context allows), as vLLM does.
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    # vLLM: each prompt token's logprob (and the top N) in the choice's "prompt_logprobs".
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
     # Accepted and ignored (IGNORED_FIELDS): identifiers, storage and billing hints.
     user: str | None = None
     metadata: dict[str, Any] | None = None
@@ -143,6 +159,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    add_special_tokens: bool = True  # vLLM: BOS before a completion prompt
 
     def prompts(self) -> list[str]:
         """The text prompts; empty when the prompt is token ids."""
@@ -195,6 +212,20 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
+    # vLLM's chat extensions. The template adds BOS itself, so add_special_tokens is off.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool = False
+    echo: bool = False  # prepend the last message's content when it is the assistant's
+
+    @model_validator(mode="after")
+    def _open_turn(self) -> ChatCompletionRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise unsupported("continue_final_message needs add_generation_prompt=false")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise unsupported("continue_final_message needs a final assistant message")
+        return self
 
     def effective_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

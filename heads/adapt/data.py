@@ -1,6 +1,6 @@
 """The text an adaptation trains and early-stops on, cut the way `heads eval` cuts it.
 
-Each split is a list of byte windows (heads/evaluate.byte_windows) over whole documents;
+Each split is a list of byte windows (heads.eval.measure.byte_windows) over whole documents;
 each window is tokenized with the head's tokenizer and scored on its own behind BOS, so
 the held-out BPB here is computed exactly as `heads eval --window-bytes` computes it.
 

@@ -136,7 +136,7 @@ class BlockManager:
 
     def _hits(self, seq: Sequence) -> list[list[int]]:
         """-> per group, the blocks of the longest reusable prefix (PAD behind a window)."""
-        if not self.prefix_caching or (seq.score_prompt and seq.prompt_score is None):
+        if not self.prefix_caching or seq.needs_prompt_rows:
             return [[] for _ in self.windows]  # a scored prompt needs every hidden state
         chain = self._chain(seq, (seq.num_tokens - 1) // self.block_size)
         found: dict[tuple[int, int], int | None] = {}

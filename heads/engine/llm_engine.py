@@ -154,6 +154,7 @@ class LocalEngine:
             params=req.sampling, max_tokens=req.max_tokens,
             stop_token_ids=frozenset(req.stop_token_ids), want_logprobs=req.want_logprobs,
             score_prompt=req.score_prompt, score_positions=max(0, req.score_positions),
+            top_logprobs=req.top_logprobs, prompt_logprobs=req.prompt_logprobs,
         )
 
     async def _stream(self, seq: Sequence) -> AsyncIterator[TokenEvent]:
@@ -208,11 +209,15 @@ class LocalEngine:
             self._timings.append(_timing(seqs, is_prefill, time.perf_counter() - started))
             with self._cond:
                 reasons = self._scheduler.postprocess(seqs, out.token_ids)
-                scores = out.prompt_scores or [None] * len(seqs)
-                for seq, tok, lp, reason, score in zip(seqs, out.token_ids, out.logprobs,
-                                                       reasons, scores, strict=True):
+                none = [None] * len(seqs)
+                scores = out.prompt_scores or none
+                tops = out.tops or none
+                prompts = out.prompt_logprobs or none
+                for seq, tok, lp, reason, score, top, plps in zip(
+                        seqs, out.token_ids, out.logprobs, reasons, scores, tops, prompts,
+                        strict=True):
                     cached = seq.cached_prompt_tokens if len(seq.output_ids) == 1 else None
-                    self._send(seq.seq_id, TokenEvent(tok, lp, reason, score, cached))
+                    self._send(seq.seq_id, TokenEvent(tok, lp, reason, score, cached, top, plps))
         except Exception as e:
             log.exception("engine step failed; failing its requests")
             with self._cond:

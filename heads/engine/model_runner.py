@@ -16,9 +16,10 @@ import torch
 
 from heads.engine.config import EngineConfig
 from heads.engine.cpu_linear import pack_linears, packing_available
+from heads.engine.logprob_tops import prompt_tops, sampled_tops
 from heads.engine.prompt_score import ScoreJob, score_prompts
 from heads.engine.sequence import Sequence
-from heads.engine.types import PromptScore
+from heads.engine.types import PromptScore, TokenLogprobs
 from heads.model.adapter import HeadOutput
 from heads.model.attention import AttentionMetadata, allocate_kv_cache, slots_for
 from heads.model.multi_head import MultiHeadModel
@@ -39,6 +40,9 @@ class StepOutput:
     logprobs: list[float | None]  # None where the sequence did not ask for logprobs
     # Set at a sequence's first prefill when it asked for its prompt's NLL; else None.
     prompt_scores: list[PromptScore | None] | None = None
+    # Where asked for (heads.engine.logprob_tops); None when no sequence asked.
+    tops: list[TokenLogprobs | None] | None = None
+    prompt_logprobs: list[tuple[TokenLogprobs, ...] | None] | None = None
 
 
 class ModelRunner:
@@ -164,10 +168,13 @@ class ModelRunner:
         x = self._embed(token_heads, self._tensor(ids))  # [T, d]
         hidden = self.model(x, self._tensor(positions), meta, self.kv_cache)  # [T, d]
         scores = self._score(seqs, hidden, last) if is_prefill else None
+        prompt_lps = (prompt_tops(hidden, seqs, last, self.model.head_output) if is_prefill
+                      else None)
         hidden = hidden[self._tensor(last)]  # [B, d]: the last token of each sequence
 
         token_ids, logprobs = self._unembed(seqs, hidden)
-        return StepOutput(token_ids, logprobs, scores)
+        tops = sampled_tops(hidden, seqs, token_ids, self.model.head_output)
+        return StepOutput(token_ids, logprobs, scores, tops, prompt_lps)
 
     def _unembed(self, seqs: list[Sequence], hidden: torch.Tensor
                  ) -> tuple[list[int], list[float | None]]:

@@ -33,6 +33,8 @@ class Sequence:
     score_prompt: bool = False  # prompt NLL at the first prefill (heads.engine.prompt_score)
     score_positions: int = 0  # at most this many positions scored; 0: every one
     prompt_score: PromptScore | None = None
+    top_logprobs: int = 0  # alternatives per sampled token (heads.engine.logprob_tops)
+    prompt_logprobs: int | None = None  # None: off; else top-N per prompt position
     seq_id: int = field(default_factory=lambda: next(_ids))  # engine-unique, unlike request_id
     output_ids: list[int] = field(default_factory=list)
     # One block table per KV group (heads.engine.kv_layout); a sliding group's entries behind
@@ -67,6 +69,17 @@ class Sequence:
     @property
     def last_token(self) -> int:
         return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt logprobs are still owed: only a first prefill (after a preemption by
+        recompute they went out already) has every prompt row to compute them from."""
+        return self.prompt_logprobs is not None and not self.output_ids
+
+    @property
+    def needs_prompt_rows(self) -> bool:
+        """This prefill must compute every prompt row: the prefix cache may serve none."""
+        return (self.score_prompt and self.prompt_score is None) or self.needs_prompt_logprobs
 
     @property
     def is_finished(self) -> bool:

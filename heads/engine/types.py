@@ -23,6 +23,16 @@ class PromptScore:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One position's log p(token) under its head (nats, temperature 1), and the top
+    alternatives when asked: (id, log p), most likely first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+    rank: int = 1  # 1 + how many of the head's tokens are more likely
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     request_id: str
     head: str
@@ -33,6 +43,8 @@ class GenerationRequest:
     want_logprobs: bool = False
     score_prompt: bool = False  # report the prompt's NLL with the first token
     score_positions: int = 0  # score at most this many prompt positions; 0: all
+    top_logprobs: int = 0  # alternatives reported beside each sampled token
+    prompt_logprobs: int | None = None  # None: off; N: each prompt token's logprob + top N
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +54,9 @@ class TokenEvent:
     finish_reason: str | None  # "stop" | "length" | None
     prompt_score: PromptScore | None = None  # on the first event, when asked for
     cached_tokens: int | None = None  # on the first event: prompt tokens the prefix cache served
+    top: TokenLogprobs | None = None  # when the request asked for top_logprobs
+    # On the first event, when asked for: prompt tokens 1.. (the first has no prediction).
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

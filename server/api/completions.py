@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from server.api.deps import ClientDep, GatewayDep
+from server.api.deps import ClientDep, GatewayDep, PathHeadDep, pin_model
 from server.api.responses import Collector, sse_stream
 from server.api.responses_api import ResponseBuilder, response_events, to_chat
 from server.errors import BadRequest
@@ -37,21 +37,27 @@ def session_id(request: Request) -> str | None:
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, gw: GatewayDep,
-                      client: ClientDep):
+                      client: ClientDep, head: PathHeadDep):
+    if head is not None:
+        body = body.model_copy(update={"model": pin_model(body.model, head, gw)})
     return await _complete(await gw.plan_completion(body, session_id(request)), body, request,
                            gw, client)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, gw: GatewayDep,
-                           client: ClientDep):
+                           client: ClientDep, head: PathHeadDep):
+    if head is not None:
+        body = body.model_copy(update={"model": pin_model(body.model, head, gw)})
     return await _complete(await gw.plan_chat(body, session_id(request)), body, request, gw,
                            client)
 
 
 @router.post("/v1/responses")
 async def responses(body: ResponsesRequest, request: Request, gw: GatewayDep,
-                    client: ClientDep):
+                    client: ClientDep, head: PathHeadDep):
+    if head is not None:
+        body = body.model_copy(update={"model": pin_model(body.model, head, gw)})
     chat = to_chat(body)
     plan = await gw.plan_chat(chat, session_id(request), route="/v1/responses")
     run = await _admit(plan, chat, request, gw, client)

@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from router.router import Router
-from server.errors import Forbidden, Unauthorized
+from server.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from server.gateway.gateway import Gateway
 from server.ops.audit import AuditLog
 from server.ops.auth import KeyRing, bearer
@@ -79,3 +79,33 @@ async def get_audit(request: Request) -> AuditLog:
 
 
 AuditDep = Annotated[AuditLog, Depends(get_audit)]
+
+
+# The same OpenAI and tokenizer routes are served again under this prefix, pinned to one
+# head, for clients that take only a base URL (lm-eval's remote tokenizer, `vllm bench`).
+HEAD_PREFIX = "/heads/{head}"
+
+
+async def get_path_head(request: Request, gw: GatewayDep) -> str | None:
+    """The head a `/heads/{head}/...` path pins; None on the plain routes."""
+    head = request.path_params.get("head")
+    if head is None:
+        return None
+    if head not in gw.manifest.head_names:
+        raise NotFound(f"head '{head}' does not exist; heads: "
+                       f"{', '.join(gw.manifest.head_names)}", param="path")
+    return head
+
+
+PathHeadDep = Annotated[str | None, Depends(get_path_head)]
+
+
+def pin_model(model: str | None, head: str | None, gw: Gateway) -> str | None:
+    """The body's `model` under a head path: the model's own name (or none) becomes
+    NAME:HEAD; a body that pins another head contradicts its path (400)."""
+    if head is None:
+        return model
+    pinned = f"{gw.manifest.model_name}:{head}"
+    if model in (None, gw.manifest.model_name, pinned):
+        return pinned
+    raise BadRequest(f"model '{model}' contradicts the path's head '{head}'", param="model")

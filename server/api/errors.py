@@ -27,6 +27,7 @@ from router.errors import (
     AdmissionRejected,
     HeadUnavailable,
     InvalidPolicy,
+    NoHeadHoldsIds,
     RouterError,
     UnknownHead,
     VersionConflict,
@@ -70,6 +71,8 @@ def to_api_error(exc: Exception) -> APIError:
         return Conflict(str(exc), param="if-match")
     if isinstance(exc, HeadUnavailable):
         return Unavailable(str(exc), param="model")
+    if isinstance(exc, NoHeadHoldsIds):
+        return BadRequest(str(exc), param="stop_token_ids")
     if isinstance(exc, AdmissionRejected):
         return TooManyRequests(str(exc), headers={"Retry-After": str(exc.retry_after_s)},
                                reason="kv_budget")

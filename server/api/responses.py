@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from heads.engine.types import TokenLogprobs
 from server.api.errors import sse_error, to_api_error
+from server.api.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
 from server.gateway.generation import Delta, Outcome
-from server.gateway.request_plan import RequestPlan
+from server.gateway.request_plan import ChoiceJob, RequestPlan
 
 
 def usage(plan: RequestPlan, outcomes: list[Outcome]) -> dict:
@@ -26,16 +28,29 @@ def usage(plan: RequestPlan, outcomes: list[Outcome]) -> dict:
     }
 
 
-def _completion_logprobs(ids: list[int], lps: list[float], tokens: list[str]) -> dict:
-    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": None, "text_offset": None}
+def _trim(lps: tuple[TokenLogprobs, ...], n: int) -> list[TokenLogprobs]:
+    return [TokenLogprobs(t.logprob, t.top[:n], t.rank) for t in lps]
 
 
-def _chat_logprobs(lps: list[float], tokens: list[str]) -> dict:
-    content = [
-        {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-        for t, lp in zip(tokens, lps, strict=True)
-    ]
-    return {"content": content}
+def _logprobs(plan: RequestPlan, job: ChoiceJob, outcome: Outcome, ids: list[int],
+              lps: list[float], tops: list[TokenLogprobs], token_text, first: bool) -> dict:
+    """One choice's (or one delta's) logprobs block; `first`: it opens the choice, so an
+    echoed prompt's logprobs go first."""
+    if plan.kind != "completion":
+        return chat_logprobs(ids, lps, tops, token_text)
+    ext = job.extensions
+    prompt = None
+    if first and ext.echo_prompt and outcome.prompt_logprobs is not None:
+        prompt = (job.request.prompt_ids, _trim(outcome.prompt_logprobs, ext.top_logprobs))
+    return completion_logprobs(ids, lps, tops, token_text, prompt)
+
+
+def _prompt_logprobs(job: ChoiceJob, outcome: Outcome, token_text) -> list | None:
+    n = job.extensions.prompt_logprobs
+    if n is None or outcome.prompt_logprobs is None:
+        return None
+    return prompt_logprobs(job.request.prompt_ids, _trim(outcome.prompt_logprobs, n),
+                           token_text)
 
 
 class Collector:
@@ -48,30 +63,35 @@ class Collector:
         self.text = [""] * n
         self.ids: list[list[int]] = [[] for _ in range(n)]
         self.lps: list[list[float]] = [[] for _ in range(n)]
+        self.tops: list[list[TokenLogprobs]] = [[] for _ in range(n)]
         self.finish: list[str | None] = [None] * n
 
     def add(self, d: Delta) -> None:
         self.text[d.index] += d.text
         self.ids[d.index].extend(d.token_ids)
         self.lps[d.index].extend(d.logprobs)
+        self.tops[d.index].extend(d.tops)
         if d.finish_reason:
             self.finish[d.index] = d.finish_reason
 
     def body(self, outcomes: list[Outcome]) -> dict:
         p = self.plan
         choices = []
-        for i in range(len(p.jobs)):
+        for i, (job, outcome) in enumerate(zip(p.jobs, outcomes, strict=True)):
             lp = None
             if p.want_logprobs:
-                toks = self.token_text(self.ids[i])
-                lp = (_completion_logprobs(self.ids[i], self.lps[i], toks) if p.kind == "completion"
-                      else _chat_logprobs(self.lps[i], toks))
+                lp = _logprobs(p, job, outcome, self.ids[i], self.lps[i], self.tops[i],
+                               self.token_text, True)
             if p.kind == "completion":
-                choices.append({"index": i, "text": self.text[i], "logprobs": lp,
-                                "finish_reason": self.finish[i]})
+                choice = {"index": i, "text": self.text[i], "logprobs": lp,
+                          "finish_reason": self.finish[i]}
             else:
-                choices.append({"index": i, "logprobs": lp, "finish_reason": self.finish[i],
-                                "message": {"role": "assistant", "content": self.text[i]}})
+                choice = {"index": i, "logprobs": lp, "finish_reason": self.finish[i],
+                          "message": {"role": "assistant", "content": self.text[i]}}
+            plps = _prompt_logprobs(job, outcome, self.token_text)
+            if plps is not None:
+                choice["prompt_logprobs"] = plps
+            choices.append(choice)
         obj = "text_completion" if p.kind == "completion" else "chat.completion"
         return {"id": p.request_id, "object": obj, "created": p.created, "model": p.model,
                 "choices": choices, "usage": usage(p, outcomes)}
@@ -92,21 +112,24 @@ async def sse_stream(
     started: set[int] = set()
     try:
         async for d in deltas:
+            first = d.index not in started
+            started.add(d.index)
+            job, outcome = plan.jobs[d.index], outcomes[d.index]
             lp = None
-            if plan.want_logprobs and d.token_ids:
-                toks = token_text(list(d.token_ids))
-                lp = (_completion_logprobs(list(d.token_ids), list(d.logprobs), toks)
-                      if plan.kind == "completion" else _chat_logprobs(list(d.logprobs), toks))
+            if plan.want_logprobs and (d.token_ids or first):
+                lp = _logprobs(plan, job, outcome, list(d.token_ids), list(d.logprobs),
+                               list(d.tops), token_text, first)
             if plan.kind == "completion":
                 choice = {"index": d.index, "text": d.text, "logprobs": lp,
                           "finish_reason": d.finish_reason}
             else:
                 delta: dict = {"content": d.text}
-                if d.index not in started:
+                if first:
                     delta["role"] = "assistant"
-                    started.add(d.index)
                 choice = {"index": d.index, "delta": delta, "logprobs": lp,
                           "finish_reason": d.finish_reason}
+            if first and (plps := _prompt_logprobs(job, outcome, token_text)) is not None:
+                choice["prompt_logprobs"] = plps
             yield _chunk(plan, [choice])
         if plan.include_usage:
             yield _chunk(plan, [], usage(plan, outcomes))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from server.api.deps import ClientDep, GatewayDep
+from server.api.deps import ClientDep, GatewayDep, PathHeadDep, pin_model
 from server.errors import BadRequest
 from server.schemas import DetokenizeRequest, TokenizeRequest
 
@@ -21,7 +21,9 @@ def _answer(body: dict, head: str) -> JSONResponse:
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, gw: GatewayDep, _: ClientDep) -> JSONResponse:
+async def tokenize(body: TokenizeRequest, gw: GatewayDep, _: ClientDep,
+                   path_head: PathHeadDep) -> JSONResponse:
+    body.model = pin_model(body.model, path_head, gw)
     planner = gw.planner
     chat = body.messages is not None
     text = planner.chat_prompt(body.messages) if body.messages is not None else body.prompt or ""
@@ -42,7 +44,9 @@ async def tokenize(body: TokenizeRequest, gw: GatewayDep, _: ClientDep) -> JSONR
 
 
 @router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, gw: GatewayDep, _: ClientDep) -> JSONResponse:
+async def detokenize(body: DetokenizeRequest, gw: GatewayDep, _: ClientDep,
+                     path_head: PathHeadDep) -> JSONResponse:
+    body.model = pin_model(body.model, path_head, gw)
     head = gw.planner.pinned_head(body.model or gw.manifest.model_name)
     if head is None:
         raise BadRequest(
@@ -56,3 +60,26 @@ async def detokenize(body: DetokenizeRequest, gw: GatewayDep, _: ClientDep) -> J
                          param="tokens")
     text = gw.tokenizers[head].decode(body.tokens, skip_special_tokens=False)
     return _answer({"prompt": text}, head)
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(gw: GatewayDep, _: ClientDep, path_head: PathHeadDep,
+                         model: str | None = None) -> JSONResponse:
+    """vLLM's /tokenizer_info for one head: the pinned one (path or `?model=NAME:HEAD`), else
+    the native (largest) head, whose ids every nested head shares up to its own V."""
+    head = gw.planner.pinned_head(pin_model(model, path_head, gw) or gw.manifest.model_name)
+    spec = gw.manifest.head(head) if head is not None else max(
+        gw.manifest.heads, key=lambda h: h.vocab_size)
+    tok = gw.tokenizers[spec.name]
+    info = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": tok.id_to_token(spec.bos_token_id) if spec.bos_token_id is not None
+        else None,
+        "eos_token": tok.id_to_token(spec.eos_token_ids[0]) if spec.eos_token_ids else None,
+        "model_max_length": gw.planner.limits.max_model_len,
+        "vocab_size": spec.vocab_size,
+        "add_bos_token": spec.bos_token_id is not None,
+    }
+    if gw.manifest.chat_template:
+        info["chat_template"] = gw.manifest.chat_template
+    return _answer(info, spec.name)

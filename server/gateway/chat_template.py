@@ -42,16 +42,35 @@ def render_chat(
     template: str | None,
     bos_token: str,
     eos_token: str,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
+    """`continue_final_message`: the last (assistant) message stays open, cut right after its
+    content as transformers does, so the reply continues it. `template_kwargs` are extra
+    template variables (vLLM's chat_template_kwargs); they cannot replace the ones above."""
     try:
         compiled = _compile(template or PLAIN_TEMPLATE)
-        return str(
+        text = str(
             compiled.render(
+                **(template_kwargs or {}),
                 messages=messages,
                 bos_token=bos_token,
                 eos_token=eos_token,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
             )
         )
     except TemplateError as e:
         raise BadRequest(f"chat template failed: {e}", param="messages") from e
+    if continue_final_message:
+        final = str(messages[-1].get("content") or "").strip()
+        end = text.rfind(final) if final else -1
+        if end < 0:
+            raise BadRequest("continue_final_message: the template did not render the final "
+                             "message's content", param="messages")
+        text = text[:end + len(final)]
+    return text
+
+
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "bos_token", "eos_token",
+                                    "add_generation_prompt"})

@@ -216,7 +216,7 @@ class Gateway:
     def _generate(self, plan: RequestPlan, job: ChoiceJob,
                   outcome: Outcome) -> AsyncGenerator[Delta, None]:
         return generate_text(self.backend, self.tokenizers[plan.head], job.request,
-                             list(job.stops), job.index, outcome)
+                             list(job.stops), job.index, outcome, job.extensions)
 
     async def _pump(self, plan: RequestPlan, job: ChoiceJob, outcome: Outcome,
                     queue: asyncio.Queue[Delta | BaseException | None]) -> None:

@@ -10,9 +10,10 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
-from heads.engine.types import GenerationRequest, PromptScore, TokenEvent
+from heads.engine.types import GenerationRequest, PromptScore, TokenEvent, TokenLogprobs
 from heads.vocab.tokenizer import HeadTokenizer, IncrementalDetokenizer
 from server.backends.base import Backend
+from server.gateway.sampling_extensions import NO_EXTENSIONS, Extensions
 from server.gateway.stop_strings import StopStringMatcher
 from server.ops.request_context import add_engine_time
 
@@ -24,6 +25,7 @@ class Delta:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str | None = None  # "stop" | "length" on the last delta
+    tops: tuple[TokenLogprobs, ...] = ()  # beside token_ids, when top logprobs were asked
 
 
 @dataclass(slots=True)
@@ -40,6 +42,7 @@ class Outcome:
     itl: list[float] = field(default_factory=list)  # gaps between tokens, s
     prompt_score: PromptScore | None = None  # the prompt's NLL, when the engine scored it
     cached_tokens: int = 0  # prompt tokens the engine's prefix cache served
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None = None  # prompt tokens 1.., when asked
 
 
 async def _timed(stream: AsyncIterator[TokenEvent], outcome: Outcome) -> AsyncIterator[TokenEvent]:
@@ -68,9 +71,13 @@ async def generate_text(
     stops: list[str],
     index: int,
     outcome: Outcome,
+    ext: Extensions = NO_EXTENSIONS,
 ) -> AsyncGenerator[Delta, None]:
-    detok = IncrementalDetokenizer(tokenizer)
-    matcher = StopStringMatcher(stops)
+    detok = IncrementalDetokenizer(tokenizer, ext.skip_special_tokens)
+    matcher = StopStringMatcher(stops, ext.include_stop_str)
+    # A stop id's own text is dropped, as vLLM does, unless asked to stay.
+    drop_stop = not ext.include_stop_str
+    echo = ext.echo_text  # goes out with the first delta; not generated, so not counted
     eos = request.stop_token_ids
     outcome.submitted_at = time.perf_counter()
     stream = backend.generate(request)
@@ -83,9 +90,11 @@ async def generate_text(
                 outcome.prompt_score = event.prompt_score
             if event.cached_tokens is not None:
                 outcome.cached_tokens = event.cached_tokens
+            if event.prompt_logprobs is not None:
+                outcome.prompt_logprobs = event.prompt_logprobs
             outcome.completion_tokens += 1
             is_eos = event.token_id in eos and event.finish_reason == "stop"
-            text = "" if is_eos else matcher.feed(detok.push(event.token_id))
+            text = "" if is_eos and drop_stop else matcher.feed(detok.push(event.token_id))
             finish = event.finish_reason
             if matcher.matched is not None:
                 finish = "stop"
@@ -93,14 +102,17 @@ async def generate_text(
                 text += matcher.feed(detok.flush()) + matcher.flush()
             ids = () if is_eos else (event.token_id,)
             lps = () if event.logprob is None or is_eos else (event.logprob,)
+            tops = () if event.top is None or is_eos else (event.top,)
             outcome.text_bytes += len(text.encode())
             outcome.parts.append(text)
+            if echo:
+                text, echo = echo + text, ""
             if finish is not None:
                 outcome.finish_reason = finish
-                yield Delta(index, text, ids, lps, finish)
+                yield Delta(index, text, ids, lps, finish, tops)
                 return
             if text or ids:
-                yield Delta(index, text, ids, lps)
+                yield Delta(index, text, ids, lps, None, tops)
     finally:
         # Closing the engine stream aborts the request there and frees its KV blocks.
         await timed.aclose()  # type: ignore[attr-defined]

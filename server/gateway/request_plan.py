@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from heads.engine.types import GenerationRequest
 from heads.vocab.prompt_encoder import EncodedPrompt
 from router.policy.base import Decision
+from server.gateway.sampling_extensions import NO_EXTENSIONS, Extensions
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +15,7 @@ class ChoiceJob:
     index: int
     request: GenerationRequest
     stops: tuple[str, ...]
+    extensions: Extensions = NO_EXTENSIONS
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from heads.engine.types import GenerationRequest
 from heads.manifest import Manifest
@@ -23,9 +24,15 @@ from router.policy.base import Decision
 from router.profiles import HeadTokens, RequestFeatures
 from router.router import Router
 from server.errors import BadRequest, NotFound
-from server.gateway.chat_template import render_chat
+from server.gateway.chat_template import RESERVED_TEMPLATE_VARS, render_chat
 from server.gateway.prompt_bpb import PromptBpbConfig
 from server.gateway.request_plan import ChoiceJob, RequestPlan
+from server.gateway.sampling_extensions import (
+    NO_EXTENSIONS,
+    Extensions,
+    check_ids_on_head,
+    extensions,
+)
 from server.ops.metrics import Metrics
 from server.ops.request_context import new_id
 from server.ops.tracing import NoTracing
@@ -94,12 +101,11 @@ class RequestPlanner:
                          session: str | None = None) -> RequestPlan:
         """`session`: the client's conversation id (x-session-id), for session affinity."""
         self._check_shape(body)
-        self._reject_unsupported(body)
-        if body.echo or body.suffix is not None or (body.best_of or 1) > 1:
-            raise BadRequest("echo, suffix and best_of are not supported", param="echo")
-        if body.logprobs not in (None, 0, 1):
-            raise BadRequest("only the sampled token's logprob is available (logprobs <= 1)",
-                             param="logprobs")
+        self._check_stream_options(body)
+        if body.suffix is not None:
+            raise BadRequest("suffix is not supported", param="suffix")
+        if (body.best_of or 1) > 1:
+            raise BadRequest("best_of is not supported; use n", param="best_of")
         token_prompts = body.token_prompts()
         if token_prompts is not None:
             return await self._token_ids(body, token_prompts, session)
@@ -121,6 +127,9 @@ class RequestPlanner:
                 f"as model '{self.manifest.model_name}:HEAD' (heads: "
                 f"{', '.join(self.manifest.head_names)})", param="prompt")
         vocab = self.manifest.head(head).vocab_size
+        ext = extensions(body)
+        prompts = [list(ext.prompt_ids(tuple(ids), None, self.limits.max_prompt_tokens))
+                   for ids in prompts]
         for ids in prompts:
             if not ids:
                 raise BadRequest("a token id prompt must not be empty", param="prompt")
@@ -153,22 +162,29 @@ class RequestPlanner:
     async def chat(self, body: ChatCompletionRequest, session: str | None = None,
                    route: str = "/v1/chat/completions") -> RequestPlan:
         self._check_shape(body)
-        self._reject_unsupported(body)
+        self._check_stream_options(body)
         if body.tools or body.tool_choice not in (None, "none"):
             raise BadRequest("tool calling is not supported", param="tools")
         if body.response_format and body.response_format.get("type") not in (None, "text"):
             raise BadRequest("only response_format 'text' is supported", param="response_format")
-        if body.top_logprobs:
-            raise BadRequest("top_logprobs is not supported; use logprobs=true",
-                             param="top_logprobs")
-        text = self.chat_prompt(body.messages)
+        if body.top_logprobs and not body.logprobs:
+            raise BadRequest("top_logprobs needs logprobs=true", param="top_logprobs")
+        text = self.chat_prompt(body.messages, body.add_generation_prompt,
+                                body.continue_final_message, body.chat_template_kwargs)
         return await self._plan("chat", route, body, [text], chat=True, logprobs=body.logprobs,
                                 max_tokens=body.effective_max_tokens(), session=session)
 
-    def chat_prompt(self, messages: list[ChatMessage]) -> str:
+    def chat_prompt(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False,
+                    template_kwargs: dict[str, Any] | None = None) -> str:
         """The prompt text the model's chat template renders for `messages`."""
+        clash = RESERVED_TEMPLATE_VARS & set(template_kwargs or ())
+        if clash:
+            raise BadRequest(f"chat_template_kwargs cannot set {', '.join(sorted(clash))}",
+                             param="chat_template_kwargs")
         dicts = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
-        return render_chat(dicts, self.manifest.chat_template, *self._bos_eos_text())
+        return render_chat(dicts, self.manifest.chat_template, *self._bos_eos_text(),
+                           add_generation_prompt, continue_final_message, template_kwargs)
 
     def check_prompt_bytes(self, size: int, param: str) -> None:
         if size > self.limits.max_prompt_bytes:
@@ -199,7 +215,11 @@ class RequestPlanner:
         if len(stops) > self.limits.max_stop_sequences:
             raise BadRequest(f"at most {self.limits.max_stop_sequences} stop sequences",
                              param="stop")
-        encoded, decision = await self.route(texts, chat, max_tokens, pinned, session=session)
+        ext = extensions(body)
+        if pinned is not None:
+            check_ids_on_head(ext, pinned, self.manifest.head(pinned).vocab_size)
+        encoded, decision = await self.route(texts, chat, max_tokens, pinned, session=session,
+                                             min_vocab=ext.min_vocab)
         self.tracing.annotate(head=decision.head, policy=decision.policy,
                               decision=decision.code)
         if self.observe_request is not None:
@@ -211,19 +231,19 @@ class RequestPlanner:
                                      RowParams(body.temperature, body.top_p, body.top_k,
                                                base_seed), frozenset(), logprobs,
                                      score, positions)
-        jobs = self.jobs(decision.head, encoded, template, body.n, stops)
+        jobs = self.jobs(decision.head, encoded, template, body.n, stops, ext)
         self.metrics.decisions.labels(decision.head, decision.policy, decision.code).inc()
         for head in decision.request.get("excluded", {}):
             self.metrics.quality_excluded.labels(head).inc()
         log.debug("request %s -> head %s: %s", request_id, decision.head, decision.reason)
         return RequestPlan(request_id, kind, route, int(time.time()), body.model, decision,
-                           encoded.heads[decision.head].tokens, encoded.prompt_bytes,
+                           _prompt_tokens(jobs, body.n), encoded.prompt_bytes,
                            tuple(jobs), logprobs,
                            bool(body.stream_options and body.stream_options.include_usage),
                            started, encoded, chat)
 
     async def route(self, texts: list[str], chat: bool, max_tokens: int, pinned: str | None,
-                    preview: bool = False, session: str | None = None
+                    preview: bool = False, session: str | None = None, min_vocab: int = 0
                     ) -> tuple[EncodedPrompt, Decision]:
         """Tokenize, then decide; a request-aware policy sees every head's tokens first, a
         pinned request or a content-blind policy only needs the chosen head's. `preview`:
@@ -235,12 +255,13 @@ class RequestPlanner:
                 encoded = await self._encode(texts, chat, None)
             tokens = {h: HeadTokens(p.tokens, p.fallback_bytes) for h, p in encoded.heads.items()}
             features = RequestFeatures(encoded.prompt_bytes, max_tokens, None, tokens,
-                                       encoded.script, session)
+                                       encoded.script, session, min_vocab=min_vocab)
             with self.tracing.span("route"):
                 return encoded, decide(features)
         with self.tracing.span("route"):
             decision = decide(RequestFeatures(
-                sum(len(t.encode()) for t in texts), max_tokens, pinned, session=session))
+                sum(len(t.encode()) for t in texts), max_tokens, pinned, session=session,
+                min_vocab=min_vocab))
         with self.tracing.span("tokenize"):
             return await self._encode(texts, chat, [decision.head]), decision
 
@@ -259,17 +280,22 @@ class RequestPlanner:
         if head not in encoded.heads:  # decided on one head's tokens only
             encoded = self.encoder.encode(encoded.texts, plan.chat, [head])
         template = dataclasses.replace(plan.jobs[0].request, request_id=plan.request_id)
-        jobs = self.jobs(head, encoded, template, plan.choices_per_prompt, plan.jobs[0].stops)
+        first = plan.jobs[0]
+        jobs = self.jobs(head, encoded, template, plan.choices_per_prompt, first.stops,
+                         first.extensions)
         return dataclasses.replace(plan, jobs=tuple(jobs), encoded=encoded,
-                                   prompt_tokens=encoded.heads[head].tokens)
+                                   prompt_tokens=_prompt_tokens(jobs, plan.choices_per_prompt))
 
     def jobs(self, head: str, encoded: EncodedPrompt, template: GenerationRequest, n: int,
-             stops: list[str] | tuple[str, ...]) -> list[ChoiceJob]:
+             stops: list[str] | tuple[str, ...], ext: Extensions = NO_EXTENSIONS
+             ) -> list[ChoiceJob]:
         """One job per choice from `head`'s ids; `template` carries the request id,
         max_tokens and sampling (its seed is the base seed)."""
         spec = self.manifest.head(head)
         max_tokens = template.max_tokens
-        prompts = encoded.heads[head].ids
+        prompts = [ext.prompt_ids(ids, spec.bos_token_id, self.limits.max_prompt_tokens)
+                   for ids in encoded.heads[head].ids]
+        stop_ids = ext.stop_ids(spec.eos_token_ids)
         for ids in prompts:
             if len(ids) > self.limits.max_prompt_tokens:
                 raise BadRequest(f"prompt is {len(ids)} tokens; the limit is "
@@ -281,24 +307,21 @@ class RequestPlanner:
         jobs = []
         s = template.sampling
         for p, ids in enumerate(prompts):
+            job_ext = dataclasses.replace(ext, echo_text=encoded.texts[p]) if ext.echo_prompt \
+                else ext
             for i in range(n):
                 index = p * n + i
                 sampling = RowParams(s.temperature, s.top_p, s.top_k, (s.seed + index) % 2**63)
                 # One choice per prompt carries the prompt's score: the others repeat it.
                 req = GenerationRequest(f"{template.request_id}-{index}", head, ids,
-                                        max_tokens, sampling, frozenset(spec.eos_token_ids),
+                                        max_tokens, sampling, stop_ids,
                                         template.want_logprobs, template.score_prompt and i == 0,
-                                        template.score_positions)
-                jobs.append(ChoiceJob(index, req, tuple(stops)))
+                                        template.score_positions, ext.top_logprobs,
+                                        ext.engine_prompt_logprobs)
+                jobs.append(ChoiceJob(index, req, tuple(stops), job_ext))
         return jobs
 
-    def _reject_unsupported(self, body: SamplingFields) -> None:
-        if body.presence_penalty or body.frequency_penalty:
-            raise BadRequest("presence_penalty and frequency_penalty are not supported",
-                             param="presence_penalty")
-        if body.logit_bias:
-            raise BadRequest("logit_bias is not supported: token ids differ per head",
-                             param="logit_bias")
+    def _check_stream_options(self, body: SamplingFields) -> None:
         if body.stream_options is not None and not body.stream:
             raise BadRequest("stream_options requires stream=true", param="stream_options")
 
@@ -308,3 +331,8 @@ class RequestPlanner:
         tok = self.tokenizers[spec.name]
         bos = tok.id_to_token(spec.bos_token_id) if spec.bos_token_id is not None else ""
         return bos or "", tok.id_to_token(spec.eos_token_ids[0]) or ""
+
+
+def _prompt_tokens(jobs: list[ChoiceJob], n: int) -> int:
+    """Prompt ids the engine runs, each prompt counted once (not per choice)."""
+    return sum(len(j.request.prompt_ids) for j in jobs if j.index % n == 0)

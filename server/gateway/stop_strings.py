@@ -8,8 +8,9 @@ from __future__ import annotations
 
 
 class StopStringMatcher:
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], include_stop: bool = False) -> None:
         self.stops = [s for s in stops if s]
+        self.include_stop = include_stop  # the matched stop string ends the released text
         self._hold = max((len(s) for s in self.stops), default=1) - 1
         self._pending = ""
         self.matched: str | None = None
@@ -24,7 +25,8 @@ class StopStringMatcher:
         )
         if cut >= 0:
             self.matched = next(s for s in self.stops if self._pending.find(s) == cut)
-            out, self._pending = self._pending[:cut], ""
+            end = cut + len(self.matched) if self.include_stop else cut
+            out, self._pending = self._pending[:end], ""
             return out
         if len(self._pending) <= self._hold:
             return ""

@@ -15,7 +15,7 @@ FUNCTION = {"name": "name", "description": "description", "parameters": {"foo": 
 # field -> (sample value, outcome, the error's param for a rejection)
 CHAT_FIELDS: dict[str, tuple[object, str, str | None]] = {
     "audio": ({"format": "wav", "voice": "alloy"}, "rejected", "audio"),
-    "frequency_penalty": (-2, "rejected", "presence_penalty"),
+    "frequency_penalty": (-2, "rejected", "frequency_penalty"),
     "function_call": ("none", "rejected", "function_call"),
     "functions": ([FUNCTION], "rejected", "functions"),
     "logit_bias": ({"foo": 0}, "rejected", "logit_bias"),
