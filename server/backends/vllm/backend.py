@@ -18,7 +18,13 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
-from heads.engine.types import GenerationRequest, HeadLoad, PromptScore, TokenEvent
+from heads.engine.types import (
+    GenerationRequest,
+    HeadLoad,
+    PromptScore,
+    TokenEvent,
+    TokenLogprobs,
+)
 from heads.errors import EngineError, EngineLost, EngineUnavailable
 from server.backends.base import BackendBase
 from server.backends.vllm.replicas import ReplicaSet
@@ -62,6 +68,7 @@ class VllmBackend(BackendBase):
             stop_token_ids=tuple(sorted(t + offset for t in req.stop_token_ids)),
             logprobs=req.want_logprobs,
             prompt_logprobs=req.score_prompt and self.prompt_logprobs,
+            top_logprobs=req.top_logprobs, prompt_top=req.prompt_logprobs,
         )
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -112,6 +119,10 @@ class VllmBackend(BackendBase):
                 score = None
                 if chunk.prompt_nll is not None:
                     score = PromptScore(chunk.prompt_nll, predicted, predicted)
+                prompt = None
+                if chunk.prompt_lps is not None:
+                    prompt = tuple(TokenLogprobs(lp, _local(top, offset, size), rank)
+                                   for lp, rank, top in chunk.prompt_lps)
                 for i, gid in enumerate(chunk.token_ids):
                     local = gid - offset
                     if not 0 <= local < size:
@@ -119,10 +130,16 @@ class VllmBackend(BackendBase):
                                           f"outside head {req.head!r}'s range")
                     last = i == len(chunk.token_ids) - 1
                     finished = last and chunk.finish_reason is not None
+                    top = None
+                    if chunk.tops is not None:
+                        alts = _local(chunk.tops[i], offset, size)
+                        top = TokenLogprobs(next((v for t, v in alts if t == local),
+                                                 chunk.logprobs[i] if chunk.logprobs else
+                                                 float("nan")), alts)
                     yield TokenEvent(
                         local, chunk.logprobs[i] if chunk.logprobs else None,
                         _finish(chunk.finish_reason) if last else None,
-                        score if i == 0 else None,
+                        score if i == 0 else None, None, top, prompt if i == 0 else None,
                     )
                 if chunk.finish_reason is not None and not chunk.token_ids:
                     raise ReplicaFailed(f"{replica.name}: finished ({chunk.finish_reason}) "
@@ -166,3 +183,12 @@ def _finish(reason: str | None) -> str | None:
     # "stop" and "length" are the ends a client sees; ENGINE_FAILED reasons never get here.
     # Anything else vLLM may add (e.g. a matched stop string) ended the request normally.
     return reason if reason in (None, "stop", "length") else "stop"
+
+
+def _local(top: tuple[tuple[int, float], ...], offset: int, size: int
+           ) -> tuple[tuple[int, float], ...]:
+    """Alternatives in the head's own ids; the plugin's -inf columns never rank in them."""
+    out = tuple((t - offset, v) for t, v in top)
+    if any(not 0 <= t < size for t, _ in out):
+        raise EngineError("vLLM ranked a token outside the request's head")
+    return out

