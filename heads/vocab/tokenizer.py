@@ -87,6 +87,14 @@ class HeadTokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self.tokenizer.id_to_token(token_id)
 
+    def special_id(self, text: str) -> int | None:
+        """The id of the special token spelled exactly `text` (`<bos>`), else None."""
+        tid = self.tokenizer.token_to_id(text)
+        if tid is None:
+            return None
+        added = self.tokenizer.get_added_tokens_decoder().get(tid)
+        return tid if added is not None and added.special else None
+
     def encode(self, text: str) -> list[int]:
         """Untrusted text: `<|im_end|>` typed by a user is spelled in ordinary tokens.
 

@@ -33,10 +33,17 @@ async def tokenize(body: TokenizeRequest, gw: GatewayDep, _: ClientDep,
     encoded, decision = await planner.route([text], chat, planner.limits.default_max_tokens,
                                             pinned, preview=True)
     head = decision.head
-    if body.add_special_tokens:
+    tok = gw.tokenizers[head]
+    # A prompt that is exactly one special token's text is that token, as in vLLM: clients
+    # such as lm-eval's remote tokenizer find bos/eos ids this way. Anywhere else in a
+    # completion prompt special-token text stays plain text (no forged control tokens).
+    special = None if chat else tok.special_id(text)
+    if special is not None:
+        bos = gw.manifest.head(head).bos_token_id
+        ids = [bos, special] if body.add_special_tokens and bos is not None else [special]
+    elif body.add_special_tokens:
         ids = list(encoded.heads[head].ids[0])
     else:
-        tok = gw.tokenizers[head]
         ids = tok.encode_with_specials(text) if chat else tok.encode(text)
     strs = [gw.tokenizers[head].id_to_token(i) for i in ids] if body.return_token_strs else None
     return _answer({"count": len(ids), "max_model_len": planner.limits.max_model_len,
