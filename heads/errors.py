@@ -40,3 +40,11 @@ class EngineLost(EngineError):
 
 class AdaptError(HeadsError):
     """A head cannot be adapted as asked (unknown or native head, bad settings)."""
+
+
+class GrammarError(HeadsError):
+    """A structured-output spec (JSON schema, regex, grammar) cannot be compiled."""
+
+
+class EngineUnsupported(EngineError):
+    """The engine does not serve a feature the request asks for (a client error)."""

@@ -118,6 +118,14 @@ class SamplingFields(RequestBody):
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     # vLLM: each prompt token's logprob (and the top N) in the choice's "prompt_logprobs".
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # Structured output: OpenAI's response_format, vLLM's structured_outputs
+    # ({"json" | "regex" | "choice" | "grammar" | "json_object": ...}) or its guided_* fields.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # Accepted and ignored (IGNORED_FIELDS): identifiers, storage and billing hints.
     user: str | None = None
     metadata: dict[str, Any] | None = None
@@ -211,7 +219,6 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
     # vLLM's chat extensions. The template adds BOS itself, so add_special_tokens is off.
     add_generation_prompt: bool = True
     continue_final_message: bool = False

@@ -17,11 +17,12 @@ from collections.abc import AsyncIterator
 
 from heads.engine.block_manager import BlockManager
 from heads.engine.config import EngineConfig
+from heads.engine.grammar import GrammarCompiler
 from heads.engine.model_runner import ModelRunner
 from heads.engine.scheduler import Scheduler
 from heads.engine.sequence import Sequence
 from heads.engine.types import GenerationRequest, HeadLoad, StepTiming, TokenEvent
-from heads.errors import EngineError, EngineStopped
+from heads.errors import EngineError, EngineStopped, EngineUnsupported
 from heads.model.multi_head import MultiHeadModel
 
 log = logging.getLogger(__name__)
@@ -33,9 +34,11 @@ _Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[TokenEvent | EngineErr
 
 
 class LocalEngine:
-    def __init__(self, model: MultiHeadModel, config: EngineConfig) -> None:
+    def __init__(self, model: MultiHeadModel, config: EngineConfig,
+                 grammars: GrammarCompiler | None = None) -> None:
         self.model = model
         self.config = config
+        self.grammars = grammars  # structured output; None: such requests are refused
         backbone = model.manifest.backbone
         self.max_model_len = config.model_len(backbone)
         num_blocks = config.num_blocks(backbone, model.dtype_name)
@@ -149,12 +152,18 @@ class LocalEngine:
             raise EngineError(f"prompt ids outside [0, {head.vocab_size}) for head {req.head!r}")
         if req.max_tokens < 1:
             raise EngineError("max_tokens must be >= 1")
+        constraint = None
+        if req.structured is not None:
+            if self.grammars is None:
+                raise EngineUnsupported("this engine was started without a grammar compiler")
+            constraint = self.grammars.constraint(req.structured)  # compiled at planning
         return Sequence(
             request_id=req.request_id, head=req.head, prompt_ids=list(req.prompt_ids),
             params=req.sampling, max_tokens=req.max_tokens,
             stop_token_ids=frozenset(req.stop_token_ids), want_logprobs=req.want_logprobs,
             score_prompt=req.score_prompt, score_positions=max(0, req.score_positions),
             top_logprobs=req.top_logprobs, prompt_logprobs=req.prompt_logprobs,
+            constraint=constraint,
         )
 
     async def _stream(self, seq: Sequence) -> AsyncIterator[TokenEvent]:

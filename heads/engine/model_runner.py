@@ -16,6 +16,7 @@ import torch
 
 from heads.engine.config import EngineConfig
 from heads.engine.cpu_linear import pack_linears, packing_available
+from heads.engine.grammar import sample_constrained
 from heads.engine.logprob_tops import prompt_tops, sampled_tops
 from heads.engine.prompt_score import ScoreJob, score_prompts
 from heads.engine.sequence import Sequence
@@ -182,8 +183,14 @@ class ModelRunner:
         # may share one pass over the largest head's rows (kernels/nested.py).
         token_ids: list[int] = [0] * len(seqs)
         logprobs: list[float | None] = [None] * len(seqs)
-        groups = [_Group(head, rows, seqs, self.model.head_output(head))
-                  for head, rows in _groups([s.head for s in seqs]).items()]
+        free = [i for i, s in enumerate(seqs) if s.constraint is None]
+        for i in range(len(seqs)):
+            if seqs[i].constraint is not None:  # a grammar masks its row's logits
+                token_ids[i], lp = sample_constrained(
+                    self.model.head_output(seqs[i].head), hidden[i:i + 1], seqs[i])
+                logprobs[i] = lp if seqs[i].want_logprobs else None
+        groups = [_Group(head, [free[j] for j in rows], seqs, self.model.head_output(head))
+                  for head, rows in _groups([seqs[i].head for i in free]).items()]
         for shared in _by_rows(groups).values():
             if len(shared) > 1 and self._nest(shared):
                 self._run_nested(shared, hidden)

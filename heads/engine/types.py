@@ -33,6 +33,18 @@ class TokenLogprobs:
 
 
 @dataclass(frozen=True, slots=True)
+class StructuredSpec:
+    """What a structured output must match: `kind` is one of STRUCTURED_KINDS; `value` the
+    JSON schema (as JSON text), regex, EBNF grammar, or the choices as a JSON list."""
+
+    kind: str
+    value: str = ""
+
+
+STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "grammar", "choice")
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     request_id: str
     head: str
@@ -45,6 +57,7 @@ class GenerationRequest:
     score_positions: int = 0  # score at most this many prompt positions; 0: all
     top_logprobs: int = 0  # alternatives reported beside each sampled token
     prompt_logprobs: int | None = None  # None: off; N: each prompt token's logprob + top N
+    structured: StructuredSpec | None = None  # constrain the output to a grammar
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ from heads.errors import (
     EngineOverloaded,
     EngineStopped,
     EngineUnavailable,
+    EngineUnsupported,
+    GrammarError,
     TokenizerError,
 )
 from kernels.errors import KernelError
@@ -79,6 +81,10 @@ def to_api_error(exc: Exception) -> APIError:
     if isinstance(exc, EngineOverloaded):
         # The request can never fit the KV cache: a client error, like vLLM's context-length 400.
         return BadRequest(str(exc), param="max_tokens")
+    if isinstance(exc, EngineUnsupported):
+        return BadRequest(str(exc))
+    if isinstance(exc, GrammarError):
+        return BadRequest(str(exc), param="response_format")
     if isinstance(exc, EngineStopped | EngineLost):
         return Unavailable(str(exc))
     if isinstance(exc, EngineUnavailable):
@@ -144,7 +150,7 @@ def install_error_handlers(app: FastAPI) -> None:
         err.status, err.code = exc.status_code, code
         return error_response(err)
 
-    for domain in (RouterError, EngineError, KernelError, TokenizerError):
+    for domain in (RouterError, EngineError, KernelError, TokenizerError, GrammarError):
 
         @app.exception_handler(domain)
         async def _domain(request: Request, exc: Exception) -> JSONResponse:

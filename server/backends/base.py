@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Protocol
 from heads.engine.types import GenerationRequest, HeadLoad, StepTiming, TokenEvent
 
 if TYPE_CHECKING:
+    from heads.engine.grammar import GrammarCompiler
     from server.ops.engine_metrics import ReplicaStats
 
 
@@ -59,6 +60,11 @@ class Backend(Protocol):
         separate replicas."""
         ...
 
+    def grammar_compiler(self) -> GrammarCompiler | None:
+        """The compiler of structured-output grammars the engine constrains with; None when
+        the engine serves no structured output (the gateway then answers 400)."""
+        ...
+
 
 class BackendBase:
     """Defaults for Backend's optional capabilities: every one answers "not supported"."""
@@ -76,4 +82,7 @@ class BackendBase:
         return None
 
     def replica_stats(self) -> list[ReplicaStats] | None:
+        return None
+
+    def grammar_compiler(self) -> GrammarCompiler | None:
         return None

@@ -13,6 +13,10 @@ def make_backend(settings: Settings, ckpt: Checkpoint, econf: EngineConfig) -> B
         from server.backends.echo import EchoBackend
 
         return EchoBackend(list(ckpt.manifest.head_names), settings.echo_token_delay_s)
+    from heads.engine.grammar import GrammarCompiler
     from server.backends.local import LocalBackend
 
-    return LocalBackend(ckpt.model, econf, settings.torch_threads)
+    # Nested heads share the native head's ids: its grammar tables serve every head.
+    native = max(ckpt.manifest.heads, key=lambda h: h.vocab_size)
+    grammars = GrammarCompiler(ckpt.tokenizers[native.name], native.eos_token_ids)
+    return LocalBackend(ckpt.model, econf, settings.torch_threads, grammars)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 
 import torch
 
 from heads.engine.config import EngineConfig
+from heads.engine.grammar import GrammarCompiler
 from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest, HeadLoad, StepTiming, TokenEvent
 from heads.model.multi_head import MultiHeadModel
@@ -15,16 +17,24 @@ from server.backends.base import BackendBase
 
 
 class LocalBackend(BackendBase):
-    def __init__(self, model: MultiHeadModel, config: EngineConfig, torch_threads: int = 0):
+    def __init__(self, model: MultiHeadModel, config: EngineConfig, torch_threads: int = 0,
+                 grammars: GrammarCompiler | None = None):
         if torch_threads:
             # Set here, not at import: the thread count is an operator choice per process.
             torch.set_num_threads(torch_threads)
         self.model = model
-        self.engine = LocalEngine(model, config)
+        self.grammars = grammars
+        self.engine = LocalEngine(model, config, grammars)
 
     async def start(self) -> None:
         await self.engine.start()
         await self._warm_up()
+        if self.grammars is not None:
+            # The vocabulary table takes seconds; build it beside serving, not before it.
+            threading.Thread(target=self.grammars.warm, name="grammar-warm", daemon=True).start()
+
+    def grammar_compiler(self) -> GrammarCompiler | None:
+        return self.grammars
 
     async def _warm_up(self) -> None:
         """Two greedy tokens per head before the gateway is ready. The first steps pay for

@@ -13,9 +13,10 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from heads.engine.types import GenerationRequest
+from heads.engine.types import GenerationRequest, StructuredSpec
+from heads.errors import GrammarError
 from heads.manifest import Manifest
 from heads.vocab.prompt_encoder import EncodedPrompt, HeadPrompt, PromptEncoder
 from heads.vocab.tokenizer import HeadTokenizer
@@ -38,6 +39,9 @@ from server.ops.request_context import new_id
 from server.ops.tracing import NoTracing
 from server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from server.settings import Settings
+
+if TYPE_CHECKING:
+    from heads.engine.grammar import GrammarCompiler
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +73,11 @@ class RequestPlanner:
     def __init__(self, manifest: Manifest, tokenizers: dict[str, HeadTokenizer], router: Router,
                  metrics: Metrics, limits: Limits, tracing: NoTracing,
                  prompt_bpb: PromptBpbConfig,
-                 observe_request: Callable[[int, int], None] | None = None) -> None:
+                 observe_request: Callable[[int, int], None] | None = None,
+                 grammars: GrammarCompiler | None = None) -> None:
+        """`grammars`: the engine's structured-output compiler; None refuses such requests."""
         self.manifest = manifest
+        self.grammars = grammars
         self.tokenizers = tokenizers
         self.router = router
         self.metrics = metrics
@@ -165,8 +172,6 @@ class RequestPlanner:
         self._check_stream_options(body)
         if body.tools or body.tool_choice not in (None, "none"):
             raise BadRequest("tool calling is not supported", param="tools")
-        if body.response_format and body.response_format.get("type") not in (None, "text"):
-            raise BadRequest("only response_format 'text' is supported", param="response_format")
         if body.top_logprobs and not body.logprobs:
             raise BadRequest("top_logprobs needs logprobs=true", param="top_logprobs")
         text = self.chat_prompt(body.messages, body.add_generation_prompt,
@@ -216,6 +221,8 @@ class RequestPlanner:
             raise BadRequest(f"at most {self.limits.max_stop_sequences} stop sequences",
                              param="stop")
         ext = extensions(body)
+        if ext.structured is not None:
+            await self._compile(ext.structured)
         if pinned is not None:
             check_ids_on_head(ext, pinned, self.manifest.head(pinned).vocab_size)
         encoded, decision = await self.route(texts, chat, max_tokens, pinned, session=session,
@@ -317,9 +324,20 @@ class RequestPlanner:
                                         max_tokens, sampling, stop_ids,
                                         template.want_logprobs, template.score_prompt and i == 0,
                                         template.score_positions, ext.top_logprobs,
-                                        ext.engine_prompt_logprobs)
+                                        ext.engine_prompt_logprobs, ext.structured)
                 jobs.append(ChoiceJob(index, req, tuple(stops), job_ext))
         return jobs
+
+    async def _compile(self, spec: StructuredSpec) -> None:
+        """Compile (and cache) the grammar now, off the event loop, so a bad schema is a 400
+        before anything streams; the engine then finds it compiled."""
+        if self.grammars is None:
+            raise BadRequest("structured output is served by the local engine only",
+                             param="response_format")
+        try:
+            await asyncio.to_thread(self.grammars.compile, spec)
+        except GrammarError as e:
+            raise BadRequest(f"structured output: {e}", param="response_format") from e
 
     def _check_stream_options(self, body: SamplingFields) -> None:
         if body.stream_options is not None and not body.stream:

@@ -7,9 +7,12 @@ send them (`vllm bench serve` sends `repetition_penalty: 1.0`) work unchanged.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from heads.engine.types import StructuredSpec
 from server.errors import BadRequest
 from server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 
@@ -38,6 +41,7 @@ class Extensions:
     top_logprobs: int = 0  # alternatives beside each sampled token's logprob
     prompt_logprobs: int | None = None  # per prompt token: its logprob and the top N
     wants_logprobs: bool = False  # the sampled tokens' logprobs (logprobs / logprobs=true)
+    structured: StructuredSpec | None = None  # the grammar every choice must match
 
     @property
     def engine_prompt_logprobs(self) -> int | None:
@@ -109,7 +113,7 @@ def extensions(body: SamplingFields) -> Extensions:
     echo_prompt = isinstance(body, CompletionRequest) and body.echo
     return Extensions(body.ignore_eos, stop_ids, body.include_stop_str_in_output,
                       body.skip_special_tokens, body.truncate_prompt_tokens, add, echo,
-                      echo_prompt, top, body.prompt_logprobs, wants)
+                      echo_prompt, top, body.prompt_logprobs, wants, structured_spec(body))
 
 
 def check_ids_on_head(rules: Extensions, head: str, vocab: int) -> None:
@@ -118,3 +122,67 @@ def check_ids_on_head(rules: Extensions, head: str, vocab: int) -> None:
         bad = max(rules.stop_token_ids)
         raise BadRequest(f"stop_token_ids: token id {bad} is outside head {head}'s "
                          f"vocabulary [0, {vocab})", param="stop_token_ids")
+
+
+def _json_text(value: Any, param: str) -> str:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise BadRequest(f"{param}: the schema is not JSON: {e}", param=param) from e
+    if not isinstance(value, dict):
+        raise BadRequest(f"{param}: a JSON schema must be an object", param=param)
+    return json.dumps(value)
+
+
+def _response_format(rf: dict[str, Any]) -> StructuredSpec | None:
+    kind = rf.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return StructuredSpec("json_object")
+    if kind == "json_schema":
+        schema = (rf.get("json_schema") or {}).get("schema")
+        return StructuredSpec("json_schema", _json_text(schema, "response_format"))
+    raise BadRequest(f"response_format type {kind!r} is not supported; use text, json_object "
+                     "or json_schema", param="response_format")
+
+
+def _vllm_spec(key: str, value: Any, param: str) -> StructuredSpec:
+    if key == "json":
+        return StructuredSpec("json_schema", _json_text(value, param))
+    if key == "json_object":
+        return StructuredSpec("json_object")
+    if key in ("regex", "grammar") and isinstance(value, str):
+        return StructuredSpec(key, value)
+    if key == "choice" and isinstance(value, list) and value \
+            and all(isinstance(c, str) for c in value):
+        return StructuredSpec("choice", json.dumps(value))
+    raise BadRequest(f"{param}: {key} must be a "
+                     f"{'non-empty list of strings' if key == 'choice' else 'string'}",
+                     param=param)
+
+
+def structured_spec(body: SamplingFields) -> StructuredSpec | None:
+    """The one structured-output constraint `body` names, from whichever field names it."""
+    found: list[StructuredSpec] = []
+    if body.response_format:
+        spec = _response_format(body.response_format)
+        found += [spec] if spec is not None else []
+    for key, value in (body.structured_outputs or {}).items():
+        if key not in _VLLM_KEYS:
+            raise BadRequest(f"structured_outputs.{key} is not supported; use one of "
+                             f"{', '.join(_VLLM_KEYS)}", param="structured_outputs")
+        if value is not None and value is not False:
+            found.append(_vllm_spec(key, value, "structured_outputs"))
+    for key, value in (("json", body.guided_json), ("regex", body.guided_regex),
+                       ("choice", body.guided_choice), ("grammar", body.guided_grammar)):
+        if value is not None:
+            found.append(_vllm_spec(key, value, f"guided_{key}"))
+    if len(found) > 1:
+        raise BadRequest("give one structured output constraint, not several",
+                         param="response_format")
+    return found[0] if found else None
+
+
+_VLLM_KEYS = ("json", "regex", "choice", "grammar", "json_object")
