@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import random
 import time
@@ -29,7 +30,12 @@ from server.api.schemas import (
     SamplingFields,
 )
 from server.errors import BadRequest, NotFound
-from server.gateway.chat_template import render_chat
+from server.gateway.chat_template import (
+    ChatFormat,
+    choose_chat_format,
+    render_chat,
+    special_on_every_head,
+)
 from server.gateway.prompt_bpb import PromptBpbConfig
 from server.gateway.request_plan import ChoiceJob, RequestPlan
 from server.ops.metrics import Metrics
@@ -62,12 +68,14 @@ OFFLOAD_CHARS = 4096
 
 
 class RequestPlanner:
-    """`observe_request(prompt_bytes, max_tokens)` feeds KV admission's typical request."""
+    """`observe_request(prompt_bytes, max_tokens)` feeds KV admission's typical request;
+    `chat_format`: a server.gateway.chat_template format name ("auto" picks one)."""
 
     def __init__(self, manifest: Manifest, tokenizers: dict[str, HeadTokenizer], router: Router,
                  metrics: Metrics, limits: Limits, tracing: NoTracing,
                  prompt_bpb: PromptBpbConfig,
-                 observe_request: Callable[[int, int], None] | None = None) -> None:
+                 observe_request: Callable[[int, int], None] | None = None,
+                 chat_format: str = "auto") -> None:
         self.manifest = manifest
         self.tokenizers = tokenizers
         self.router = router
@@ -78,6 +86,16 @@ class RequestPlanner:
         self.observe_request = observe_request
         self._bpb_rng = random.Random()  # picks the scored share of requests ("sampled")
         self.encoder = PromptEncoder(tokenizers, {h.name: h.bos_token_id for h in manifest.heads})
+        self.chat_format: ChatFormat = choose_chat_format(
+            manifest.chat_template, manifest.backbone.architecture,
+            functools.partial(special_on_every_head, tokenizers), chat_format)
+        # Per head: the ids that end a chat reply, its EOS plus the format's end-of-turn tokens.
+        self._chat_stop_ids = {h.name: frozenset(h.eos_token_ids) | {
+            self._special_id(h.name, t) for t in self.chat_format.stop_tokens}
+            for h in manifest.heads}
+        log.info("chat format: %s (implicit stops: tokens %s, strings %s)",
+                 self.chat_format.name, list(self.chat_format.stop_tokens),
+                 list(self.chat_format.stop_strings))
 
     def close(self) -> None:
         self.encoder.close()
@@ -173,7 +191,7 @@ class RequestPlanner:
     def chat_prompt(self, messages: list[ChatMessage]) -> str:
         """The prompt text the model's chat template renders for `messages`."""
         dicts = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
-        return render_chat(dicts, self.manifest.chat_template, *self._bos_eos_text())
+        return render_chat(dicts, self.chat_format.template, *self._bos_eos_text())
 
     def check_prompt_bytes(self, size: int, param: str) -> None:
         if size > self.limits.max_prompt_bytes:
@@ -204,6 +222,8 @@ class RequestPlanner:
         if len(stops) > self.limits.max_stop_sequences:
             raise BadRequest(f"at most {self.limits.max_stop_sequences} stop sequences",
                              param="stop")
+        if chat:  # the end of the assistant's turn; not counted against the client's limit
+            stops = [*stops, *self.chat_format.stop_strings]
         encoded, decision = await self.route(texts, chat, max_tokens, pinned, session=session)
         self.tracing.annotate(head=decision.head, policy=decision.policy,
                               decision=decision.code)
@@ -216,7 +236,7 @@ class RequestPlanner:
                                      RowParams(body.temperature, body.top_p, body.top_k,
                                                base_seed), frozenset(), logprobs,
                                      score, positions)
-        jobs = self.jobs(decision.head, encoded, template, body.n, stops)
+        jobs = self.jobs(decision.head, encoded, template, body.n, stops, chat)
         self.metrics.decisions.labels(decision.head, decision.policy, decision.code).inc()
         for head in decision.request.get("excluded", {}):
             self.metrics.quality_excluded.labels(head).inc()
@@ -264,15 +284,18 @@ class RequestPlanner:
         if head not in encoded.heads:  # decided on one head's tokens only
             encoded = self.encoder.encode(encoded.texts, plan.chat, [head])
         template = dataclasses.replace(plan.jobs[0].request, request_id=plan.request_id)
-        jobs = self.jobs(head, encoded, template, plan.choices_per_prompt, plan.jobs[0].stops)
+        jobs = self.jobs(head, encoded, template, plan.choices_per_prompt, plan.jobs[0].stops,
+                         plan.chat)
         return dataclasses.replace(plan, jobs=tuple(jobs), encoded=encoded,
                                    prompt_tokens=encoded.heads[head].tokens)
 
     def jobs(self, head: str, encoded: EncodedPrompt, template: GenerationRequest, n: int,
-             stops: list[str] | tuple[str, ...]) -> list[ChoiceJob]:
+             stops: list[str] | tuple[str, ...], chat: bool = False) -> list[ChoiceJob]:
         """One job per choice from `head`'s ids; `template` carries the request id,
-        max_tokens and sampling (its seed is the base seed)."""
-        spec = self.manifest.head(head)
+        max_tokens and sampling (its seed is the base seed). A chat reply also stops at the
+        chat format's end-of-turn tokens."""
+        stop_ids = (self._chat_stop_ids[head] if chat
+                    else frozenset(self.manifest.head(head).eos_token_ids))
         max_tokens = template.max_tokens
         prompts = encoded.heads[head].ids
         for ids in prompts:
@@ -291,7 +314,7 @@ class RequestPlanner:
                 sampling = RowParams(s.temperature, s.top_p, s.top_k, (s.seed + index) % 2**63)
                 # One choice per prompt carries the prompt's score: the others repeat it.
                 req = GenerationRequest(f"{template.request_id}-{index}", head, ids,
-                                        max_tokens, sampling, frozenset(spec.eos_token_ids),
+                                        max_tokens, sampling, stop_ids,
                                         template.want_logprobs, template.score_prompt and i == 0,
                                         template.score_positions)
                 jobs.append(ChoiceJob(index, req, tuple(stops)))
@@ -306,6 +329,11 @@ class RequestPlanner:
                              param="logit_bias")
         if body.stream_options is not None and not body.stream:
             raise BadRequest("stream_options requires stream=true", param="stream_options")
+
+    def _special_id(self, head: str, text: str) -> int:
+        tid = self.tokenizers[head].token_to_id(text)
+        assert tid is not None  # choose_chat_format checked it: special_on_every_head
+        return tid
 
     def _bos_eos_text(self) -> tuple[str, str]:
         # Heads are nested, so the largest head knows every special token's text.
