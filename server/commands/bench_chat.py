@@ -38,8 +38,10 @@ def _run(args: argparse.Namespace) -> None:
         model = str(resolve_model_dir(args.model, load_settings(None).cache_dir))
         logs = Path(tempfile.mkdtemp(prefix="polyhead-bench-chat-"))
         for fmt in (f.strip() for f in args.formats.split(",") if f.strip()):
+            # A fresh λ store per run: served bytes from earlier runs would move the routing.
             with gateway(model, free_port(), logs / f"{fmt}.log", POLYHEAD_CHAT_FORMAT=fmt,
-                         POLYHEAD_BACKEND=args.backend) as url:
+                         POLYHEAD_BACKEND=args.backend,
+                         POLYHEAD_LAMBDA_STORE=str(logs / f"{fmt}-lambda.json")) as url:
                 runs[fmt] = run_prompts(url, prompts, args.max_tokens)
     for label, answers in runs.items():
         print(table(label, answers))
