@@ -280,7 +280,7 @@ async def _build(app: FastAPI, settings: Settings, ops: AsyncExitStack) -> Gatew
     limits = Limits.from_settings(settings, econf.model_len(manifest.backbone))
     planner = RequestPlanner(manifest, tokenizers, router, metrics, limits, tracing, prompt_bpb,
                              gate.admission.observe_request if gate is not None else None,
-                             backend.grammar_compiler())
+                             backend.grammar_compiler(), settings.chat_format)
     ops.callback(planner.close)
     accounting = RequestAccounting(metrics, state, manifest, tracing, prompt_bpb)
     heads = ", ".join(f"{h.name} (V={h.vocab_size})" for h in manifest.heads)

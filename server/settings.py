@@ -71,6 +71,11 @@ class Settings(BaseSettings):
     prompt_bpb_drift: float = Field(default=0.10, ge=0)  # drift flag: live > manifest × (1+x)
     prompt_bpb_min_samples: int = Field(default=5, ge=0)  # scored requests before a flag
 
+    # Chat turn format (server.gateway.chat_template): "auto" uses the checkpoint's template,
+    # else "qa" (Question:/Answer:, what a base model answers best); "gemma" (Gemma's turn
+    # tokens) and "plain" ("role: content") can be forced.
+    chat_format: Literal["auto", "model", "qa", "gemma", "plain"] = "auto"
+
     max_body_bytes: int = Field(default=1 << 20, gt=0)
     max_tokens_limit: int = Field(default=2048, gt=0)  # cap on a request's max_tokens
     default_max_tokens: int = Field(default=256, gt=0)

@@ -6,13 +6,9 @@ import enum
 import itertools
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from heads.engine.types import PromptScore
+from heads.engine.types import PromptScore, TokenConstraint
 from kernels.row_params import RowParams
-
-if TYPE_CHECKING:
-    from heads.engine.grammar import GrammarConstraint
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +35,7 @@ class Sequence:
     prompt_score: PromptScore | None = None
     top_logprobs: int = 0  # alternatives per sampled token (heads.engine.logprob_tops)
     prompt_logprobs: int | None = None  # None: off; else top-N per prompt position
-    constraint: GrammarConstraint | None = None  # structured output (heads.engine.grammar)
+    constraint: TokenConstraint | None = None  # structured output (heads.engine.grammar)
     seq_id: int = field(default_factory=lambda: next(_ids))  # engine-unique, unlike request_id
     output_ids: list[int] = field(default_factory=list)
     # One block table per KV group (heads.engine.kv_layout); a sliding group's entries behind

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from kernels.row_params import RowParams
 
@@ -42,6 +43,19 @@ class StructuredSpec:
 
 
 STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "grammar", "choice")
+
+
+class TokenConstraint(Protocol):
+    """What may come next in one sequence (heads.engine.grammar implements it)."""
+
+    def mask(self, logits: Any) -> None:
+        """logits: a [1, V] float32 tensor; disallowed ids become -inf in place."""
+        ...
+
+    def accept(self, token_id: int) -> None: ...
+
+    @property
+    def done(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ import io
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +46,11 @@ class SplitTable:
     pieces: np.ndarray  # [offsets[-1]] int32, every value < vocab_size
     vocab_size: int  # V of the head the pieces belong to
     encoder_sha256: str  # vocabulary fingerprint of the native tokenizer
+    # [V_native] int64: how many of this head's ids spell each native id (offsets' diff).
+    lengths: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lengths", np.diff(self.offsets))
 
     @property
     def native_size(self) -> int:
@@ -64,6 +69,10 @@ class SplitTable:
         first = np.cumsum(n) - n
         idx = np.repeat(start - first, n) + np.arange(int(n.sum()))
         return self.pieces[idx].tolist()
+
+    def first_piece(self, native_id: int) -> int:
+        """The first of this head's ids spelling `native_id`."""
+        return int(self.pieces[self.offsets[native_id]])
 
     def sources(self, ids: Sequence[int]) -> np.ndarray:
         """For each id `expand(ids)` returns, the index in `ids` of the native id it spells."""

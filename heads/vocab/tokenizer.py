@@ -40,6 +40,9 @@ class HeadTokenizer:
     # [V] bool: ids of byte-fallback tokens (`<0xXX>`), each spelling one byte of the text.
     _byte_ids: np.ndarray = field(init=False, repr=False, compare=False)
     _byte_set: frozenset[int] = field(init=False, repr=False, compare=False)
+    # Split heads only: [V_native] int32, bytes of byte-fallback tokens in each native id's
+    # spelling here; with the table's piece counts, a prompt is counted without spelling it.
+    _native_fallback: np.ndarray | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # A tokenizer.json may carry truncation or padding; either would change encodings
@@ -72,6 +75,11 @@ class HeadTokenizer:
         byte_ids[list(byte_set)] = True
         object.__setattr__(self, "_byte_ids", byte_ids)
         object.__setattr__(self, "_byte_set", byte_set)
+        native_fallback = None
+        if self.split is not None:
+            native_fallback = np.add.reduceat(byte_ids[self.split.pieces].astype(np.int32),
+                                              self.split.offsets[:-1])
+        object.__setattr__(self, "_native_fallback", native_fallback)
 
     @classmethod
     def from_file(cls, path: Path, vocab_size: int) -> HeadTokenizer:
@@ -123,6 +131,13 @@ class HeadTokenizer:
             _check_text(text)
         tok = self.tokenizer if specials else self._plain
         return [e.ids for e in tok.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    def count_native(self, native: np.ndarray) -> tuple[int, int]:
+        """(len, fallback_bytes) of this split head's ids for the native ids `native` (int64),
+        read from the split table without spelling them: what `expand` would give."""
+        assert self.split is not None and self._native_fallback is not None
+        return (int(self.split.lengths[native].sum()),
+                int(self._native_fallback[native].sum()))
 
     def fallback_bytes(self, ids: Sequence[int]) -> int:
         """Bytes of text these ids spell with byte-fallback tokens."""

@@ -184,10 +184,10 @@ async def open_loop(url: str, backend: str, rps: float, seconds: float,
 
 
 async def closed_loop(url: str, backend: str, concurrency: int, seconds: float,
-                      pid: int | None = None) -> Result:
+                      pid: int | None = None, body: dict | None = None) -> Result:
     """Max req/s through server.bench.raw_load (a light client, so the server saturates
     first); `pid`: the server process whose CPU time per completed request is measured."""
-    r = await closed_loop_raw(url, "/v1/completions", BODY, concurrency, seconds,
+    r = await closed_loop_raw(url, "/v1/completions", body or BODY, concurrency, seconds,
                               None if pid is None else lambda: cpu_seconds(pid))
     return Result(backend, f"max-rps@c{concurrency}", r.ok + r.errors, r.errors, r.seconds,
                   r.ok / r.seconds, _pct(r.latencies_s, 0.5), _pct(r.latencies_s, 0.99),
@@ -248,6 +248,19 @@ def write(rows: list[Result], out: Path) -> Path:
     return path
 
 
+def request_body(model_name: str, prompt_bytes: int) -> dict:
+    """The timed phases' request: a one-token completion of the short "bench" prompt, or of
+    the first `prompt_bytes` of a committed Wikipedia sample (tokenized with every head when
+    the policy is request-aware)."""
+    if prompt_bytes <= 0:
+        return {**BODY, "model": model_name}
+    from heads.data.files import WIKI_SAMPLE_B
+
+    raw = WIKI_SAMPLE_B.read_bytes()[:prompt_bytes]
+    text = raw.decode("utf-8", "ignore")  # a cut multi-byte character is dropped
+    return {**BODY, "model": model_name, "prompt": text}
+
+
 FEATURES_TARGET_MS = 1.0  # request-aware routing may add this much p50, 2 KB over 3 heads
 FEATURES = ("blind", "request")
 
@@ -303,6 +316,9 @@ def summary(rows: list[Result]) -> str:
 
 
 CPU_TARGET_X = 2.0  # gateway CPU per request at most this many times the framework floor's
+# The same with a 2 KB prompt, tokenized with every head (request-aware routing): the floor
+# only parses the JSON, so the gateway's tokenizing and pricing count against it.
+CPU_LONG_PROMPT_TARGET_X = 3.0
 P99_TARGET_MS = 10.0  # added p99 at the open-loop rate
 WORKERS_TARGET_RPS = 1000.0  # max req/s of the echo gateway with 2 uvicorn workers
 
@@ -311,20 +327,23 @@ def _row(rows: list[Result], backend: str, phase: str) -> Result | None:
     return next((r for r in rows if r.backend == backend and r.phase.startswith(phase)), None)
 
 
-def targets(rows: list[Result], workers_note: str = "") -> list[str]:
-    """MET or MISSED per target, from this run's rows; a target without its row is MISSED."""
+def targets(rows: list[Result], workers_note: str = "", prompt_bytes: int = 0) -> list[str]:
+    """MET or MISSED per target, from this run's rows; a target without its row is MISSED.
+    `prompt_bytes` > 0: the timed phases sent that long a prompt, so the CPU target is
+    CPU_LONG_PROMPT_TARGET_X."""
     def verdict(ok: bool) -> str:
         return "MET" if ok else "MISSED"
 
     out = []
+    x, what = ((CPU_LONG_PROMPT_TARGET_X, f" ({prompt_bytes} B prompt)") if prompt_bytes > 0
+               else (CPU_TARGET_X, ""))
     gw, fl = _row(rows, "echo", "max-rps"), _row(rows, "floor", "max-rps")
     if gw and fl and gw.cpu_ms_per_req is not None and fl.cpu_ms_per_req:
         ratio = gw.cpu_ms_per_req / fl.cpu_ms_per_req
-        out.append(f"target CPU per request <= {CPU_TARGET_X:g}x floor: {gw.cpu_ms_per_req:.3f} "
-                   f"vs {fl.cpu_ms_per_req:.3f} ms ({ratio:.2f}x): "
-                   f"{verdict(ratio <= CPU_TARGET_X)}")
+        out.append(f"target CPU per request <= {x:g}x floor{what}: {gw.cpu_ms_per_req:.3f} "
+                   f"vs {fl.cpu_ms_per_req:.3f} ms ({ratio:.2f}x): {verdict(ratio <= x)}")
     else:
-        out.append(f"target CPU per request <= {CPU_TARGET_X:g}x floor: not measured: MISSED")
+        out.append(f"target CPU per request <= {x:g}x floor{what}: not measured: MISSED")
     lat = _row(rows, "echo", "latency")
     if lat and lat.added_p99_ms is not None:
         out.append(f"target added p99 < {P99_TARGET_MS:g} ms at {lat.phase.split('@')[1]}: "

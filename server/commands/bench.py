@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from server.commands import (
+    bench_chat,
     bench_engine,
     bench_gateway,
     bench_kernels,
@@ -18,8 +19,8 @@ from server.commands import (
     bench_tokenize,
 )
 
-BENCHES: tuple = (bench_engine, bench_gateway, bench_kernels, bench_router, bench_replay,
-                  bench_tokenize)
+BENCHES: tuple = (bench_chat, bench_engine, bench_gateway, bench_kernels, bench_router,
+                  bench_replay, bench_tokenize)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

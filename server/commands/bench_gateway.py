@@ -23,6 +23,9 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
                         "(built-in name or checkpoint directory); 'none' skips the phase")
     p.add_argument("--features-rps", type=float, default=50,
                    help="open-loop rate of the features phase")
+    p.add_argument("--prompt-bytes", type=int, default=0,
+                   help="prompt of the latency and max-rps phases (floor included): the first "
+                        "N bytes of a committed Wikipedia sample; 0: the short 'bench' prompt")
     p.add_argument("--out", type=Path, default=Path("bench-results"))
     p.set_defaults(run=_run)
 
@@ -31,6 +34,7 @@ def _run(args: argparse.Namespace) -> None:
     import asyncio
     import tempfile
 
+    from heads.checkpoint import load_metadata
     from server.bench.gateway import (
         closed_loop,
         features_summary,
@@ -41,6 +45,7 @@ def _run(args: argparse.Namespace) -> None:
         hold_streams,
         machine,
         open_loop,
+        request_body,
         summary,
         table,
         targets,
@@ -49,29 +54,31 @@ def _run(args: argparse.Namespace) -> None:
     from server.model_source import resolve_model_dir
     from server.settings import load_settings
 
-    model = args.model or str(resolve_model_dir("tiny", load_settings(None).cache_dir))
+    cache = load_settings(None).cache_dir
+    model = str(resolve_model_dir(args.model or "tiny", cache))
+    body = request_body(load_metadata(Path(model))[0].model_name, args.prompt_bytes)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     rows = []
     logs = Path(tempfile.mkdtemp(prefix="polyhead-bench-"))
     if "echo" in backends:  # the framework floor, same phases, same run
         port = free_port()
         with floor(port, logs / "floor.log") as srv:
-            rows.append(asyncio.run(open_loop(srv.url, "floor", args.rps, args.seconds)))
+            rows.append(asyncio.run(open_loop(srv.url, "floor", args.rps, args.seconds, body)))
             rows.append(asyncio.run(closed_loop(srv.url, "floor", args.concurrency, args.seconds,
-                                                srv.pid)))
+                                                srv.pid, body)))
     for backend in backends:
         rps = args.rps if backend == "echo" else args.local_rps
         with gateway_process(model, free_port(), logs / f"{backend}.log",
                              POLYHEAD_BACKEND=backend, POLYHEAD_TORCH_THREADS="1") as srv:
-            rows.append(asyncio.run(open_loop(srv.url, backend, rps, args.seconds)))
+            rows.append(asyncio.run(open_loop(srv.url, backend, rps, args.seconds, body)))
             rows.append(asyncio.run(closed_loop(srv.url, backend, args.concurrency,
-                                                args.seconds, srv.pid)))
+                                                args.seconds, srv.pid, body)))
     if "echo" in backends and args.workers > 1:
         with gateway_process(model, free_port(), logs / "echo-workers.log",
                              POLYHEAD_BACKEND="echo", POLYHEAD_TORCH_THREADS="1",
                              POLYHEAD_WORKERS=str(args.workers)) as srv:
             rows.append(asyncio.run(closed_loop(srv.url, f"echo/{args.workers}w",
-                                                args.concurrency, args.seconds, srv.pid)))
+                                                args.concurrency, args.seconds, srv.pid, body)))
     if "echo" in backends and args.streams:
         with gateway(model, free_port(), logs / "streams.log", POLYHEAD_BACKEND="echo",
                      POLYHEAD_ECHO_TOKEN_DELAY_S="0.01") as url:
@@ -83,7 +90,8 @@ def _run(args: argparse.Namespace) -> None:
     print(table(rows))
     print(summary(rows))
     print(features_summary(rows, encode_ms))
-    for line in targets(rows, "" if args.workers == 2 else f"--workers {args.workers}"):
+    for line in targets(rows, "" if args.workers == 2 else f"--workers {args.workers}",
+                        args.prompt_bytes):
         print(line)
     print(f"wrote {write(rows, args.out)}; gateway logs in {logs}")
 

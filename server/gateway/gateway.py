@@ -143,8 +143,8 @@ class Gateway:
         head's tokens of the prompt and its predicted output bytes/token."""
         assert self.admission is not None
         a, bpt = self.admission.admission, plan.predicted_bpt(head)
-        return sum(a.footprint_blocks(head, len(ids), plan.max_tokens, plan.choices_per_prompt,
-                                      bpt) for ids in plan.encoded.heads[head].ids)
+        return sum(a.footprint_blocks(head, n, plan.max_tokens, plan.choices_per_prompt, bpt)
+                   for n in plan.encoded.heads[head].lengths)
 
     def _used_blocks(self) -> int:
         return self.backend.kv_blocks()[0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import random
 import time
@@ -25,7 +26,13 @@ from router.policy.base import Decision
 from router.profiles import HeadTokens, RequestFeatures
 from router.router import Router
 from server.errors import BadRequest, NotFound
-from server.gateway.chat_template import RESERVED_TEMPLATE_VARS, render_chat
+from server.gateway.chat_template import (
+    RESERVED_TEMPLATE_VARS,
+    ChatFormat,
+    choose_chat_format,
+    render_chat,
+    special_on_every_head,
+)
 from server.gateway.prompt_bpb import PromptBpbConfig
 from server.gateway.request_plan import ChoiceJob, RequestPlan
 from server.gateway.sampling_extensions import (
@@ -68,14 +75,15 @@ OFFLOAD_CHARS = 4096
 
 
 class RequestPlanner:
-    """`observe_request(prompt_bytes, max_tokens)` feeds KV admission's typical request."""
+    """`observe_request(prompt_bytes, max_tokens)` feeds KV admission's typical request;
+    `chat_format`: a server.gateway.chat_template format name ("auto" picks one)."""
 
     def __init__(self, manifest: Manifest, tokenizers: dict[str, HeadTokenizer], router: Router,
                  metrics: Metrics, limits: Limits, tracing: NoTracing,
                  prompt_bpb: PromptBpbConfig,
                  observe_request: Callable[[int, int], None] | None = None,
-                 grammars: GrammarCompiler | None = None) -> None:
-        """`grammars`: the engine's structured-output compiler; None refuses such requests."""
+                 grammars: GrammarCompiler | None = None,
+                 chat_format: str = "auto") -> None:
         self.manifest = manifest
         self.grammars = grammars
         self.tokenizers = tokenizers
@@ -87,6 +95,16 @@ class RequestPlanner:
         self.observe_request = observe_request
         self._bpb_rng = random.Random()  # picks the scored share of requests ("sampled")
         self.encoder = PromptEncoder(tokenizers, {h.name: h.bos_token_id for h in manifest.heads})
+        self.chat_format: ChatFormat = choose_chat_format(
+            manifest.chat_template, manifest.backbone.architecture,
+            functools.partial(special_on_every_head, tokenizers), chat_format)
+        # Per head: the ids that end a chat reply, its EOS plus the format's end-of-turn tokens.
+        self._chat_stop_ids = {h.name: frozenset(h.eos_token_ids) | {
+            self._special_id(h.name, t) for t in self.chat_format.stop_tokens}
+            for h in manifest.heads}
+        log.info("chat format: %s (implicit stops: tokens %s, strings %s)",
+                 self.chat_format.name, list(self.chat_format.stop_tokens),
+                 list(self.chat_format.stop_strings))
 
     def close(self) -> None:
         self.encoder.close()
@@ -188,7 +206,7 @@ class RequestPlanner:
             raise BadRequest(f"chat_template_kwargs cannot set {', '.join(sorted(clash))}",
                              param="chat_template_kwargs")
         dicts = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in messages]
-        return render_chat(dicts, self.manifest.chat_template, *self._bos_eos_text(),
+        return render_chat(dicts, self.chat_format.template, *self._bos_eos_text(),
                            add_generation_prompt, continue_final_message, template_kwargs)
 
     def check_prompt_bytes(self, size: int, param: str) -> None:
@@ -220,6 +238,8 @@ class RequestPlanner:
         if len(stops) > self.limits.max_stop_sequences:
             raise BadRequest(f"at most {self.limits.max_stop_sequences} stop sequences",
                              param="stop")
+        if chat:  # the end of the assistant's turn; not counted against the client's limit
+            stops = [*stops, *self.chat_format.stop_strings]
         ext = extensions(body)
         if ext.structured is not None:
             await self._compile(ext.structured)
@@ -238,7 +258,7 @@ class RequestPlanner:
                                      RowParams(body.temperature, body.top_p, body.top_k,
                                                base_seed), frozenset(), logprobs,
                                      score, positions)
-        jobs = self.jobs(decision.head, encoded, template, body.n, stops, ext)
+        jobs = self.jobs(decision.head, encoded, template, body.n, stops, ext, chat)
         self.metrics.decisions.labels(decision.head, decision.policy, decision.code).inc()
         for head in decision.request.get("excluded", {}):
             self.metrics.quality_excluded.labels(head).inc()
@@ -289,20 +309,24 @@ class RequestPlanner:
         template = dataclasses.replace(plan.jobs[0].request, request_id=plan.request_id)
         first = plan.jobs[0]
         jobs = self.jobs(head, encoded, template, plan.choices_per_prompt, first.stops,
-                         first.extensions)
+                         first.extensions, plan.chat)
         return dataclasses.replace(plan, jobs=tuple(jobs), encoded=encoded,
                                    prompt_tokens=_prompt_tokens(jobs, plan.choices_per_prompt))
 
     def jobs(self, head: str, encoded: EncodedPrompt, template: GenerationRequest, n: int,
-             stops: list[str] | tuple[str, ...], ext: Extensions = NO_EXTENSIONS
-             ) -> list[ChoiceJob]:
+             stops: list[str] | tuple[str, ...], ext: Extensions = NO_EXTENSIONS,
+             chat: bool = False) -> list[ChoiceJob]:
         """One job per choice from `head`'s ids; `template` carries the request id,
-        max_tokens and sampling (its seed is the base seed)."""
+        max_tokens and sampling (its seed is the base seed). A chat reply also stops at the
+        chat format's end-of-turn tokens."""
         spec = self.manifest.head(head)
+        eos = frozenset(spec.eos_token_ids)
+        # ignore_eos drops the head's EOS ids only; the chat format's turn ends still stop.
+        turn = self._chat_stop_ids[head] - eos if chat else frozenset()
+        stop_ids = ext.stop_ids(eos) | turn
         max_tokens = template.max_tokens
         prompts = [ext.prompt_ids(ids, spec.bos_token_id, self.limits.max_prompt_tokens)
                    for ids in encoded.heads[head].ids]
-        stop_ids = ext.stop_ids(spec.eos_token_ids)
         for ids in prompts:
             if len(ids) > self.limits.max_prompt_tokens:
                 raise BadRequest(f"prompt is {len(ids)} tokens; the limit is "
@@ -342,6 +366,11 @@ class RequestPlanner:
     def _check_stream_options(self, body: SamplingFields) -> None:
         if body.stream_options is not None and not body.stream:
             raise BadRequest("stream_options requires stream=true", param="stream_options")
+
+    def _special_id(self, head: str, text: str) -> int:
+        tid = self.tokenizers[head].token_to_id(text)
+        assert tid is not None  # choose_chat_format checked it: special_on_every_head
+        return tid
 
     def _bos_eos_text(self) -> tuple[str, str]:
         # Heads are nested, so the largest head knows every special token's text.

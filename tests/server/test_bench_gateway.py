@@ -64,3 +64,18 @@ def test_floor_app_phases(tmp_path) -> None:
     assert lat.errors == 0 and lat.added_p99_ms is not None
     assert cl.errors == 0 and cl.requests > 0
     assert cl.cpu_ms_per_req is not None and cl.cpu_ms_per_req > 0
+
+
+def test_long_prompt_runs_are_held_to_the_3x_target() -> None:
+    line = targets(_rows(), "", prompt_bytes=2048)[0]
+    assert line.startswith("target CPU per request <= 3x floor (2048 B prompt)")
+    assert "3.00x" in line and line.endswith(": MET")
+
+
+def test_request_body_names_the_model_and_cuts_the_prompt() -> None:
+    from server.bench.gateway import request_body
+
+    assert request_body("gemma3-270m", 0)["prompt"] == "bench"
+    body = request_body("gemma3-270m", 2048)
+    assert body["model"] == "gemma3-270m" and body["max_tokens"] == 1
+    assert 2040 <= len(body["prompt"].encode()) <= 2048

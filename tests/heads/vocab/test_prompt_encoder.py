@@ -92,3 +92,49 @@ def test_fallback_bytes_never_exceed_the_text(tiny_model_dir: Path, text: str) -
     for spec in manifest.heads:
         ids = toks[spec.name].encode(text)
         assert 0 <= toks[spec.name].fallback_bytes(ids) <= len(text.encode())
+
+
+MULTILINGUAL = Path(__file__).resolve().parents[2] / "heads" / "data" / "multilingual"
+
+
+def _check_counts_equal_the_spelled_ids(model_dir: Path) -> None:
+    """A split head's counts, read from its table per native id, against its ids spelled
+    out and its own encode, on every committed multilingual sample."""
+    manifest, toks = load_metadata(model_dir)
+    assert any(t.split is not None for t in toks.values())  # the path under test
+    enc = PromptEncoder(toks, {h.name: h.bos_token_id for h in manifest.heads})
+    try:
+        for path in sorted(MULTILINGUAL.glob("*.txt")):
+            texts = [p for p in path.read_text().split("\n\n") if p.strip()][:40]
+            texts += ["", " ", path.read_text()[:2048]]
+            for chat in (False, True):
+                out = enc.encode(texts, chat)
+                for spec in manifest.heads:
+                    got = out.heads[spec.name]
+                    lengths, fallback = got.lengths, got.fallback_bytes
+                    ids = got.ids  # spelled now, after the counts were read
+                    tok = toks[spec.name]
+                    want = [tok.encode_with_specials(t) if chat else tok.encode(t)
+                            for t in texts]
+                    bos = spec.bos_token_id
+                    full = [tuple(w if bos is None or (w and w[0] == bos) else [bos, *w])
+                            for w in want]
+                    assert ids == tuple(full), (path.name, spec.name)
+                    assert lengths == tuple(len(w) for w in full), (path.name, spec.name)
+                    assert fallback == sum(tok.fallback_bytes(w) for w in want)
+                    assert got.tokens == sum(lengths)
+    finally:
+        enc.close()
+
+
+def test_split_head_counts_equal_the_spelled_ids(tiny_model_dir: Path) -> None:
+    _check_counts_equal_the_spelled_ids(tiny_model_dir)
+
+
+@pytest.mark.model
+def test_split_head_counts_equal_the_spelled_ids_on_the_demo() -> None:
+    from kernels.cache_paths import cache_root
+    from server.model_source import resolve_model_dir
+
+    _check_counts_equal_the_spelled_ids(resolve_model_dir("gemma3-270m",
+                                                          cache_root(expand_user=True)))
