@@ -103,16 +103,17 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def served(cmd: list[str], env: dict[str, str], port: int, log: Path) -> Iterator[Served]:
-    """A server subprocess on loopback, once its /readyz answers 200."""
+def served(cmd: list[str], env: dict[str, str], port: int, log: Path,
+           ready_path: str = "/readyz", ready_s: float = 120) -> Iterator[Served]:
+    """A server subprocess on loopback, once `ready_path` answers 200."""
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
+        for _ in range(int(ready_s / 0.2)):
             if proc.poll() is not None:
                 raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
             try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                if httpx.get(f"{url}{ready_path}", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

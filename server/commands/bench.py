@@ -17,10 +17,11 @@ from server.commands import (
     bench_replay,
     bench_router,
     bench_tokenize,
+    bench_vs_vllm,
 )
 
 BENCHES: tuple = (bench_chat, bench_engine, bench_gateway, bench_kernels, bench_router,
-                  bench_replay, bench_tokenize)
+                  bench_replay, bench_tokenize, bench_vs_vllm)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

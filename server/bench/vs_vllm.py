@@ -1,0 +1,164 @@
+"""polyhead serve against stock `vllm serve` on the native head, measured with vLLM's own
+`vllm bench serve` on the same prompts, one server after the other on the same machine.
+
+Per prompt set and concurrency: output tok/s and output bytes/s (a smaller head's token
+carries fewer bytes, so bytes are the fair unit), median TTFT and TPOT, polyhead's share per
+head, and the served heads' BPB (the manifest's held-out measurement, weighted by share)
+against the native head's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from heads.manifest import Manifest
+from server.bench.gateway import served
+
+DATA = Path(__file__).parent / "data"
+PROMPT_SETS = {"english": DATA / "prompts_en.jsonl",
+               "multilingual": DATA / "prompts_multilingual.jsonl"}
+TARGET_RATIO = 1.6  # polyhead ÷ stock output bytes/s
+BPB_SLACK = 0.05  # served BPB within 5% of the native head's
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    server: str  # "polyhead" | "stock"
+    prompts: str
+    concurrency: int
+    completed: int
+    failed: int
+    tok_s: float
+    bytes_s: float
+    ttft_ms: float  # median
+    tpot_ms: float  # median
+    shares: dict[str, float]  # polyhead: head -> share of requests
+
+
+def bench_serve(url: str, model: str, tokenizer: Path, prompts: Path, concurrency: int,
+                n: int, output_len: int, out: Path) -> dict:
+    """One `vllm bench serve` run (custom dataset, greedy, --ignore-eos); its result JSON."""
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"c{concurrency}.json"
+    cmd = [sys.executable, "-m", "server.bench.vllm_serve_bench", "--backend", "openai",
+           "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
+           "--tokenizer", str(tokenizer), "--dataset-name", "custom", "--dataset-path",
+           str(prompts), "--custom-output-len", str(output_len), "--skip-chat-template",
+           "--num-prompts", str(n), "--max-concurrency", str(concurrency), "--ignore-eos",
+           "--temperature", "0", "--save-result", "--save-detailed", "--result-dir", str(out),
+           "--result-filename", name, "--seed", "0"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed: {done.stderr[-2000:]}")
+    return json.loads((out / name).read_text())
+
+
+def cell(server: str, prompts: str, concurrency: int, r: dict,
+         shares: dict[str, float]) -> Cell:
+    text_bytes = sum(len(t.encode()) for t in r.get("generated_texts", []))
+    return Cell(server, prompts, concurrency, r["completed"], r.get("failed", 0),
+                r["output_throughput"], text_bytes / r["duration"], r["median_ttft_ms"],
+                r["median_tpot_ms"], shares)
+
+
+def decisions(url: str) -> dict[str, float]:
+    """polyhead_decisions_total summed per head, from /metrics."""
+    out: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("polyhead_decisions_total{"):
+            head = line.split('head="')[1].split('"')[0]
+            out[head] = out.get(head, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def share_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    delta = {h: after.get(h, 0.0) - before.get(h, 0.0) for h in after}
+    total = sum(delta.values()) or 1.0
+    return {h: round(v / total, 3) for h, v in sorted(delta.items()) if v}
+
+
+@contextmanager
+def stock_server(model_dir: Path, port: int, log: Path) -> Iterator[str]:
+    """Stock vLLM's OpenAI server on one exported head (fp32, the CPU platform)."""
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu",
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+           str(model_dir), "--served-model-name", "stock", "--dtype", "float32",
+           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048"]
+    with served(cmd, env, port, log, ready_path="/health", ready_s=600) as s:
+        yield s.url
+
+
+def served_bpb(manifest: Manifest, shares: dict[str, float]) -> float | None:
+    bpbs = {h.name: h.bpb for h in manifest.heads}
+    if not shares or any(bpbs.get(h) is None for h in shares):
+        return None
+    return sum(s * (bpbs[h] or 0.0) for h, s in shares.items())
+
+
+def verdicts(cells: list[Cell], manifest: Manifest) -> list[str]:
+    native = max(manifest.heads, key=lambda h: h.vocab_size)
+    lines = []
+    for p in cells:
+        if p.server != "polyhead":
+            continue
+        stock = next(c for c in cells if c.server == "stock" and c.prompts == p.prompts
+                     and c.concurrency == p.concurrency)
+        ratio = p.bytes_s / stock.bytes_s if stock.bytes_s else float("nan")
+        bpb = served_bpb(manifest, p.shares)
+        within = bpb is not None and native.bpb is not None and \
+            bpb <= native.bpb * (1 + BPB_SLACK)
+        met = ratio >= TARGET_RATIO and within
+        lines.append(f"{p.prompts} c={p.concurrency}: bytes/s {ratio:.2f}x stock "
+                     f"(target >= {TARGET_RATIO}x), served BPB "
+                     f"{'n/a' if bpb is None else f'{bpb:.4f}'} vs native {native.bpb} "
+                     f"(within {BPB_SLACK:.0%}: {within}) -> {'MET' if met else 'MISSED'}")
+    return lines
+
+
+def table(cells: list[Cell]) -> str:
+    head = (f"{'prompts':<13}{'c':>4} {'server':<9}{'done':>5}{'fail':>5}{'tok/s':>8}"
+            f"{'bytes/s':>9}{'TTFT ms':>9}{'TPOT ms':>9}  shares")
+    rows = [head]
+    for c in cells:
+        rows.append(f"{c.prompts:<13}{c.concurrency:>4} {c.server:<9}{c.completed:>5}"
+                    f"{c.failed:>5}{c.tok_s:>8.1f}{c.bytes_s:>9.1f}{c.ttft_ms:>9.0f}"
+                    f"{c.tpot_ms:>9.0f}  {json.dumps(c.shares) if c.shares else ''}")
+    return "\n".join(rows)
+
+
+def write(cells: list[Cell], lines: list[str], out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "vs_vllm.json"
+    path.write_text(json.dumps({"cells": [asdict(c) for c in cells], "verdicts": lines},
+                               indent=2))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PROMPT_SETS), figsize=(10, 4), squeeze=False)
+    for ax, prompts in zip(axes[0], PROMPT_SETS, strict=True):
+        for server in ("polyhead", "stock"):
+            pts = [c for c in cells if c.server == server and c.prompts == prompts]
+            ax.plot([c.concurrency for c in pts], [c.bytes_s for c in pts], "o-", label=server)
+        ax.set(title=prompts, xlabel="concurrency", ylabel="output bytes/s", xscale="log")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "vs_vllm.png", dpi=120)
+    plt.close(fig)
+    return path
+
+
+def logs_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="polyhead-vs-vllm-"))

@@ -1,0 +1,71 @@
+"""polyhead bench vs-vllm: polyhead serve against stock vllm serve on the native head, with
+vLLM's own `vllm bench serve`, on committed English and multilingual prompts."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register_bench(bsub: argparse._SubParsersAction) -> None:
+    p = bsub.add_parser("vs-vllm", help="polyhead serve vs stock vllm serve (vllm bench serve)")
+    p.add_argument("--model", default="gemma3-270m", help="built-in name or checkpoint dir")
+    p.add_argument("--concurrency", default="1,8,32", help="comma-separated")
+    p.add_argument("--prompts", default="english,multilingual", help="comma-separated sets")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--threads", type=int, default=1,
+                   help="polyhead's torch threads (vLLM on CPU binds one OMP thread here)")
+    p.add_argument("--out", type=Path, default=Path("bench-results/vs-vllm"))
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> None:
+    from heads.manifest import Manifest
+    from heads.vllm_plugin.export import export_vllm_per_head
+    from server.bench.gateway import free_port, gateway
+    from server.bench.vs_vllm import (
+        PROMPT_SETS,
+        bench_serve,
+        cell,
+        decisions,
+        logs_dir,
+        share_delta,
+        stock_server,
+        table,
+        verdicts,
+        write,
+    )
+    from server.model_source import resolve_model_dir
+    from server.settings import load_settings
+
+    settings = load_settings(None)
+    model_dir = resolve_model_dir(args.model, settings.cache_dir)
+    manifest = Manifest.load(model_dir)
+    native = max(manifest.heads, key=lambda h: h.vocab_size)
+    stock_dir = settings.cache_dir / "exports" / f"{model_dir.name}-per-head"
+    if not (stock_dir / native.name / "config.json").is_file():
+        export_vllm_per_head(model_dir, stock_dir)
+    tokenizer = stock_dir / native.name  # a transformers directory: the bench counts tokens
+    sets = [s.strip() for s in args.prompts.split(",") if s.strip()]
+    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    logs, cells = logs_dir(), []
+    with gateway(str(model_dir), free_port(), logs / "polyhead.log",
+                 POLYHEAD_TORCH_THREADS=str(args.threads),
+                 POLYHEAD_CACHE_DIR=str(logs / "cache")) as url:
+        for name in sets:
+            for c in levels:
+                before = decisions(url)
+                r = bench_serve(url, manifest.model_name, tokenizer, PROMPT_SETS[name], c,
+                                args.num_prompts, args.output_len, args.out / "polyhead" / name)
+                cells.append(cell("polyhead", name, c, r, share_delta(before, decisions(url))))
+    with stock_server(stock_dir / native.name, free_port(), logs / "stock.log") as url:
+        for name in sets:
+            for c in levels:
+                r = bench_serve(url, "stock", tokenizer, PROMPT_SETS[name], c,
+                                args.num_prompts, args.output_len, args.out / "stock" / name)
+                cells.append(cell("stock", name, c, r, {}))
+    lines = verdicts(cells, manifest)
+    print(table(cells))
+    print("\n".join(lines))
+    print(f"wrote {write(cells, lines, args.out)} (logs in {logs})")
