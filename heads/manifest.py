@@ -129,6 +129,24 @@ class AdapterSpec:
         return list(self.shapes(1, 1))
 
 
+@dataclass(frozen=True, slots=True)
+class PenaltySpec:
+    """The head's fitted per-request BPB penalty: predicted BPB ÷ native BPB − 1 =
+    per_split · split share + per_fallback_share · byte-token share of the bytes, fitted
+    when the checkpoint was built on its evaluation per language (the router's quality
+    bound reads it; the native head's is 0, 0: it is the reference)."""
+
+    per_split: float
+    per_fallback_share: float
+    mean_abs_error: float = 0.0  # of the fit on its own points
+    points: int = 0  # languages it was fitted on
+    sources: tuple[str, ...] = ()  # the evaluated samples
+
+    def validate(self, where: str) -> None:
+        if self.per_split < 0 or self.per_fallback_share < 0:
+            raise CheckpointError(f"{where}: penalty coefficients must be >= 0")
+
+
 def default_prefix(head: str) -> str:
     return f"adapters.{head}."
 
@@ -161,6 +179,8 @@ class HeadSpec:
     split_table: str | None = None
     # A learned output correction on top of the shared rows (AdapterSpec above).
     adapter: AdapterSpec | None = None
+    # The router's per-request quality model for this head (PenaltySpec); None until fitted.
+    bpb_penalty: PenaltySpec | None = None
 
     def validate(self, where: str) -> None:
         if not self.name or ":" in self.name:
@@ -182,6 +202,8 @@ class HeadSpec:
             raise CheckpointError(f"{where}.training_bytes: must be >= 0")
         if self.adapter is not None:
             self.adapter.validate(f"{where}.adapter")
+        if self.bpb_penalty is not None:
+            self.bpb_penalty.validate(f"{where}.bpb_penalty")
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +318,7 @@ def _build(cls: type, raw: Any, where: str) -> Any:
         raise CheckpointError(f"{where}: {e}") from e
 
 
-_RECORDS: dict[str, type] = {"AdapterSpec": AdapterSpec}
+_RECORDS: dict[str, type] = {"AdapterSpec": AdapterSpec, "PenaltySpec": PenaltySpec}
 _SCALARS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,)}
 
 

@@ -14,8 +14,11 @@ demo's heads over 14 languages, the penalty is 1.2–3.5× the split share wheth
 splits a few English words (+49% BPB at 15% split) or spells Hindi byte by byte (+175% at
 89%), where the extra-token ratio runs from 0.2 to 8. (a, b) are fitted by least squares
 through the origin on that evaluation (`polyhead heads eval --languages all`, then
-`polyhead heads fit-penalty`); `PenaltyFit.fit` does the fit. A head is excluded for a
-request when (1 + penalty_h) ÷ (1 + min penalty) − 1 exceeds the policy's `max_bpb_loss`.
+`polyhead heads fit-penalty`); `PenaltyFit.fit` does the fit. `heads build` and the demo
+build fit each head on its own languages (`fit_by_head`) and store the fit in the manifest,
+so a rebuilt head never runs on another build's fit; `DEFAULT_FIT` is only for checkpoints
+without one. A head is excluded for a request when (1 + penalty_h) ÷ (1 + min penalty) − 1
+exceeds the policy's `max_bpb_loss`.
 """
 
 from __future__ import annotations
@@ -86,9 +89,24 @@ def fit_points(by_source: Mapping[str, Mapping[str, Mapping[str, float]]],
     return out
 
 
+def fit_by_head(points: Sequence[tuple[str, str, float, float, float]]
+                ) -> dict[str, tuple[PenaltyFit, float, int]]:
+    """head -> (its fit, mean absolute error, points) from `fit_points` rows."""
+    heads: dict[str, list[tuple[float, float, float]]] = {}
+    for _, head, x, f, y in points:
+        heads.setdefault(head, []).append((x, f, y))
+    out = {}
+    for head, pts in heads.items():
+        fit = PenaltyFit.fit(pts)
+        mae = sum(abs(fit.penalty(x, f) - y) for x, f, y in pts) / len(pts)
+        out[head] = (fit, mae, len(pts))
+    return out
+
+
 def penalties(profiles: Sequence[HeadProfile], features: RequestFeatures,
               fit: PenaltyFit) -> dict[str, float]:
-    """head -> predicted relative BPB penalty; empty when the prompt was not tokenized."""
+    """head -> predicted relative BPB penalty; empty when the prompt was not tokenized. A
+    head's own fit (`HeadProfile.bpb_penalty`) wins over `fit`."""
     tokenized = [p for p in profiles if p.name in features.tokens]
     if not tokenized:
         return {}
@@ -98,7 +116,8 @@ def penalties(profiles: Sequence[HeadProfile], features: RequestFeatures,
     for p in tokenized:
         n = features.tokens[p.name].prompt_tokens
         split = 1.0 - base / n if n > 0 else 0.0
-        out[p.name] = fit.penalty(split, features.fallback_share(p.name))
+        own = fit if p.bpb_penalty is None else PenaltyFit(*p.bpb_penalty)
+        out[p.name] = own.penalty(split, features.fallback_share(p.name))
     return out
 
 

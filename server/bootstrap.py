@@ -105,6 +105,8 @@ def head_profiles(manifest: Manifest, dtype: str | None = None,
             training_sunk=h.training_sunk,
             shared_rows=(h.unembedding if nested_pass and (
                 h.adapter is None or h.adapter.kind == "hidden") else None),
+            bpb_penalty=(None if h.bpb_penalty is None else
+                         (h.bpb_penalty.per_split, h.bpb_penalty.per_fallback_share)),
         )
         for h in manifest.heads
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from heads.manifest import AdapterSpec
 from server.bootstrap import head_profiles
@@ -19,3 +20,16 @@ def test_shared_rows_follow_the_matrix_and_the_adapter_kind() -> None:
     assert local == {"1k": "matrices.shared", "400": "matrices.shared", "128": None}
     # The vLLM backend computes each head's logits on its own: no shared read to price.
     assert {p.shared_rows for p in head_profiles(m, nested_pass=False)} == {None}
+
+
+def test_a_heads_fitted_penalty_travels_from_the_manifest_to_its_profile() -> None:
+    from heads.manifest import Manifest, PenaltySpec
+
+    m = tiny_manifest()
+    fit = PenaltySpec(2.2, 0.4, 0.1, 14, ("en", "ru"))
+    m = dataclasses.replace(m, heads=tuple(
+        dataclasses.replace(h, bpb_penalty=fit if h.name == "400" else None) for h in m.heads))
+    again = Manifest.from_dict(json.loads(m.to_json()))  # survives the JSON round trip
+    assert again.head("400").bpb_penalty == fit
+    assert {p.name: p.bpb_penalty for p in head_profiles(again)} == {
+        "1k": None, "400": (2.2, 0.4), "128": None}
