@@ -30,10 +30,11 @@ BUILT_IN = (DEMO, "tiny")
 # demo from an older build is rebuilt on next start rather than served stale.
 DEMO_BUILD = 3
 # The per-language evaluation the router's quality model is fitted on at build time: bytes
-# of each committed sample (one window, BOS each). 1 KB x 14 languages x 3 heads takes about
-# two minutes for the demo on 2 CPU cores; the fit's slope is stable at that size, the
-# per-language BPB is not (a few %).
-PENALTY_BYTES = 1024
+# of each committed sample (one window, BOS each), 14 languages x every head. For the demo
+# 1024 bytes took 12.8 min on 2 CPU cores shared with other jobs (load ~10); 512 halves the
+# windows' tokens and so roughly the time. Smaller samples make one language's BPB noisier
+# (a few %), and the fit is an envelope over languages, so it errs toward a larger penalty.
+PENALTY_BYTES = 512
 PENALTY_EVAL_DIR = "eval-languages"
 
 
@@ -107,16 +108,15 @@ def store_penalties(target: Path, table: Mapping[str, Mapping[str, Mapping[str, 
                                 round(mae, 4), n, sources)
         log.info("%s: penalty = %.3g x split + %.3g x fallback (mean abs error %.3f, %d "
                  "languages)", head, fit.per_split, fit.per_fallback_share, mae, n)
-    heads = tuple(dataclasses.replace(h, bpb_penalty=out.get(h.name, h.bpb_penalty))
-                  for h in m.heads)
-    dataclasses.replace(m, heads=heads).save(target)
+    m.with_penalties(out).save(target)
     return out
 
 
 def _unfitted(target: Path) -> bool:
     """A current demo built before its heads carried their penalty fit."""
     try:
-        return any(h.bpb_penalty is None for h in Manifest.load(target).heads)
+        m = Manifest.load(target)
+        return any(m.penalty(h.name) is None for h in m.heads)
     except CheckpointError:
         return False
 

@@ -118,7 +118,17 @@ def test_a_heads_own_fit_wins_over_the_default_and_fits_are_per_head() -> None:
               ("en", "131k", 0.1, 0.0, 0.05), ("ru", "131k", 0.4, 0.0, 0.2)]
     by_head = fit_by_head(points)
     assert by_head["32k"][0] == PenaltyFit(2.0, 0.0) and by_head["32k"][1:] == (0.0, 2)
+    # The envelope: no language predicted under its measured loss (0.4 / 0.2 = 2 here, not
+    # the least-squares 0.55); splits under 5% are noise and do not set it.
     assert by_head["131k"][0].per_split == pytest.approx(0.5)
+    uneven = [(0.08, 0.0, 0.25), (0.37, 0.0, 0.80), (0.02, 0.0, 0.10)]
+    env = PenaltyFit.envelope(uneven)
+    assert env.per_split == pytest.approx(0.25 / 0.08)
+    assert all(env.penalty(x, f) >= y for x, f, y in uneven[:2])
+    assert PenaltyFit.fit(uneven).penalty(0.08, 0.0) < 0.25  # least squares under-predicts
+    assert PenaltyFit.envelope([(0.01, 0.0, 0.05)]) == PenaltyFit(0.0, 0.0)
+    # A near-native head measured slightly better than native fits 0, never a reward.
+    assert PenaltyFit.fit([(0.01, 0.0, -0.04), (0.02, 0.0, 0.01)]) == PenaltyFit(0.0, 0.0)
 
 
 def test_joining_a_running_group_shares_its_read() -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
+
+from heads.errors import CheckpointError
 from heads.manifest import AdapterSpec
 from server.bootstrap import head_profiles
 from tests.heads.tiny import tiny_manifest
@@ -27,9 +30,12 @@ def test_a_heads_fitted_penalty_travels_from_the_manifest_to_its_profile() -> No
 
     m = tiny_manifest()
     fit = PenaltySpec(2.2, 0.4, 0.1, 14, ("en", "ru"))
-    m = dataclasses.replace(m, heads=tuple(
-        dataclasses.replace(h, bpb_penalty=fit if h.name == "400" else None) for h in m.heads))
+    m = m.with_penalties({"400": fit})
     again = Manifest.from_dict(json.loads(m.to_json()))  # survives the JSON round trip
-    assert again.head("400").bpb_penalty == fit
+    assert again.penalty("400") == fit and again.penalty("1k") is None
     assert {p.name: p.bpb_penalty for p in head_profiles(again)} == {
         "1k": None, "400": (2.2, 0.4), "128": None}
+    raw = json.loads(m.to_json())
+    raw["extra"]["bpb_penalty"]["400"]["per_split"] = -1.0
+    with pytest.raises(CheckpointError, match="bpb_penalty"):
+        Manifest.from_dict(raw)

@@ -203,9 +203,9 @@ def test_cli_corpus_build_and_heads_build(src: Path, tmp_path: Path, capsys) -> 
     assert "600 (V=600)" in out and "BPB penalty" in out
     # The router's quality model was fitted on the new heads and stored with them.
     m = Manifest.load(tmp_path / "m")
-    native = max(m.heads, key=lambda h: h.vocab_size)
-    assert native.bpb_penalty is not None and native.bpb_penalty.per_split == 0.0
-    assert all(h.bpb_penalty is not None and h.bpb_penalty.points > 0 for h in m.heads)
+    native = m.penalty(max(m.heads, key=lambda h: h.vocab_size).name)
+    assert native is not None and native.per_split == 0.0
+    assert all((f := m.penalty(h.name)) is not None and f.points > 0 for h in m.heads)
     assert (tmp_path / "m" / "eval-languages" / "eval-by-source.json").is_file()
     assert main(["heads", "build", str(src), "--sizes", "99999", "--corpus", str(train),
                  "--out", str(tmp_path / "m2"), "--no-fit-penalty"]) == 2
