@@ -124,7 +124,7 @@ def _run(args: argparse.Namespace) -> None:
 
 
 def _run_levels(args: argparse.Namespace, ckpt, policies: list[str], languages: bool) -> None:
-    from router.simulate.traces import TRACES
+    from router.simulate.traces import TRACES, SimRequest
     from server.bench.replay.level_run import replay_levels, report
     from server.bench.replay.runner import ReplayConfig
     from server.commands.errors import CliError
@@ -145,7 +145,7 @@ def _run_levels(args: argparse.Namespace, ckpt, policies: list[str], languages: 
     largest = max(ckpt.manifest.heads, key=lambda h: h.vocab_size).name
     if largest not in statics:
         statics.append(largest)  # the BPB bounds are relative to it
-    duration, trace = args.duration, []
+    duration, trace = args.duration, list[SimRequest]()
     while len(trace) < args.requests:  # the arrivals do not matter closed loop: sizes, languages
         trace = TRACES[args.trace](duration, peak=args.peak)
         duration *= 2

@@ -86,7 +86,9 @@ def report(lvls: Sequence[Level], router: str, largest: str, english_only: bool,
     """Each level's table, breakdown and targets as text; writes a PNG per level and one
     JSON. Returns (text, every target checked)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    checks, dump, lines = [], [], []
+    checks: list[tuple[str, bool, str]] = []
+    dump: list[dict] = []
+    lines: list[str] = []
     add = lines.append
     for lv in lvls:
         pts = levels.points(lv.rows)
