@@ -19,7 +19,7 @@ The native (largest) head is never adapted: it is the teacher the others are fit
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +129,25 @@ class AdapterSpec:
         return list(self.shapes(1, 1))
 
 
+@dataclass(frozen=True, slots=True)
+class PenaltySpec:
+    """The head's fitted per-request BPB penalty: predicted BPB ÷ native BPB − 1 =
+    per_split · split share + per_fallback_share · byte-token share of the bytes, fitted
+    when the checkpoint was built on its evaluation per language (router.segmentation; the
+    router's quality bound reads it; the native head's is 0, 0: it is the reference).
+    Stored in `Manifest.extra[PENALTY_KEY][head]`."""
+
+    per_split: float
+    per_fallback_share: float
+    mean_abs_error: float = 0.0  # of the fit on its own points
+    points: int = 0  # languages it was fitted on
+    sources: tuple[str, ...] = ()  # the evaluated samples
+
+    def validate(self, where: str) -> None:
+        if self.per_split < 0 or self.per_fallback_share < 0:
+            raise CheckpointError(f"{where}: penalty coefficients must be >= 0")
+
+
 def default_prefix(head: str) -> str:
     return f"adapters.{head}."
 
@@ -201,6 +220,24 @@ class Manifest:
                 return h
         raise KeyError(name)
 
+    def penalty(self, name: str) -> PenaltySpec | None:
+        """Head `name`'s fitted BPB penalty (extra[PENALTY_KEY]); None when not fitted."""
+        table = self.extra.get(PENALTY_KEY, {})
+        if not isinstance(table, dict):
+            raise CheckpointError(f"extra.{PENALTY_KEY}: expected an object of heads")
+        raw = table.get(name)
+        if raw is None:
+            return None
+        spec = _build(PenaltySpec, raw, f"extra.{PENALTY_KEY}.{name}")
+        spec.validate(f"extra.{PENALTY_KEY}.{name}")
+        return spec
+
+    def with_penalties(self, fits: dict[str, PenaltySpec]) -> Manifest:
+        """A copy with these heads' fits stored (others kept)."""
+        known = dict(self.extra.get(PENALTY_KEY, {}))
+        known.update({h: asdict(f) for h, f in fits.items()})
+        return replace(self, extra={**self.extra, PENALTY_KEY: known})
+
     @property
     def head_names(self) -> list[str]:
         return [h.name for h in self.heads]
@@ -249,6 +286,8 @@ class Manifest:
             extra=raw.get("extra", {}),
         )
         m.validate()
+        for h in m.heads:  # a malformed fit fails at load, not at the first request
+            m.penalty(h.name)
         return m
 
     @staticmethod
@@ -296,7 +335,10 @@ def _build(cls: type, raw: Any, where: str) -> Any:
         raise CheckpointError(f"{where}: {e}") from e
 
 
-_RECORDS: dict[str, type] = {"AdapterSpec": AdapterSpec}
+_RECORDS: dict[str, type] = {"AdapterSpec": AdapterSpec, "PenaltySpec": PenaltySpec}
+# extra[PENALTY_KEY]: head -> PenaltySpec fields. In `extra`, not in the head records, so a
+# polyhead that predates the fit still reads the manifest (it ignores what it does not know).
+PENALTY_KEY = "bpb_penalty"
 _SCALARS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,)}
 
 

@@ -48,6 +48,10 @@ class HeadProfile:
     # adapted rows folded into a copy). Heads naming the same matrix share one read of the
     # largest live one's rows per step (kernels/nested_plan.py).
     shared_rows: str | None = None
+    # The head's own fit of the per-request BPB penalty (router.segmentation), measured when
+    # its checkpoint was built: (per unit of split share, per unit share of byte-token bytes).
+    # None: the default fit.
+    bpb_penalty: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -62,6 +66,8 @@ class HeadProfile:
             raise ValueError(f"{self.name}: bytes_per_token must be > 0")
         if self.bpb is not None and self.bpb <= 0:
             raise ValueError(f"{self.name}: bpb must be > 0")
+        if self.bpb_penalty is not None and min(self.bpb_penalty) < 0:
+            raise ValueError(f"{self.name}: bpb_penalty coefficients must be >= 0")
 
     @property
     def bpt(self) -> float:

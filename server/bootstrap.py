@@ -105,9 +105,15 @@ def head_profiles(manifest: Manifest, dtype: str | None = None,
             training_sunk=h.training_sunk,
             shared_rows=(h.unembedding if nested_pass and (
                 h.adapter is None or h.adapter.kind == "hidden") else None),
+            bpb_penalty=_penalty(manifest, h.name),
         )
         for h in manifest.heads
     ]
+
+
+def _penalty(manifest: Manifest, head: str) -> tuple[float, float] | None:
+    fit = manifest.penalty(head)
+    return None if fit is None else (fit.per_split, fit.per_fallback_share)
 
 
 def device_spec(name: str) -> DeviceSpec:

@@ -12,12 +12,14 @@ import dataclasses
 import json
 import logging
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from heads.build.tiny import build_tiny
 from heads.data.files import WIKI_SAMPLE_A
 from heads.errors import CheckpointError
-from heads.manifest import MANIFEST_FILE, Manifest
+from heads.manifest import MANIFEST_FILE, Manifest, PenaltySpec
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,13 @@ BUILT_IN = (DEMO, "tiny")
 # Bumped whenever the demo's heads are built differently (ranking, trimming), so a cached
 # demo from an older build is rebuilt on next start rather than served stale.
 DEMO_BUILD = 3
+# The per-language evaluation the router's quality model is fitted on at build time: bytes
+# of each committed sample (one window, BOS each), 14 languages x every head. For the demo
+# 1024 bytes took 12.8 min on 2 CPU cores shared with other jobs (load ~10); 512 halves the
+# windows' tokens and so roughly the time. Smaller samples make one language's BPB noisier
+# (a few %), and the fit is an envelope over languages, so it errs toward a larger penalty.
+PENALTY_BYTES = 512
+PENALTY_EVAL_DIR = "eval-languages"
 
 
 def _build_demo(target: Path, cache_dir: Path) -> None:
@@ -43,6 +52,7 @@ def _build_demo(target: Path, cache_dir: Path) -> None:
     run_eval(target, [DEMO_SAMPLE], max_bytes=8000, window=512, compute_dtype="float32",
              window_bytes=2048)
     _set_training_bytes(target)
+    fit_penalties(target)
     m = Manifest.load(target)
     dataclasses.replace(m, extra={**m.extra, "demo_build": DEMO_BUILD}).save(target)
 
@@ -60,6 +70,55 @@ def _set_training_bytes(target: Path) -> None:
     dataclasses.replace(m, heads=heads).save(target)
     log.info("training volume: %d tokens x %.3f bytes/token = %.3g bytes",
              tokens, native.bytes_per_token, trained)
+
+
+def fit_penalties(target: Path, languages: Sequence[str] | None = None,
+                  max_bytes: int = PENALTY_BYTES) -> dict[str, PenaltySpec]:
+    """Evaluate every head on the committed per-language samples (written to
+    PENALTY_EVAL_DIR) and store each head's fitted BPB penalty in the manifest."""
+    from heads.corpus.languages import languages as all_languages
+    from heads.corpus.languages import sample_path
+    from heads.eval.measure import by_source
+    from heads.eval.report import run_eval
+
+    langs = list(languages or all_languages())
+    log.info("fitting the router's BPB penalty per head on %d languages (%d bytes each)",
+             len(langs), max_bytes)
+    results, _ = run_eval(target, [sample_path(lang) for lang in langs], max_bytes=max_bytes,
+                          window=512, out=target / PENALTY_EVAL_DIR, compute_dtype="float32",
+                          window_bytes=max_bytes, update_manifest=False)
+    return store_penalties(target, by_source(results))
+
+
+def store_penalties(target: Path, table: Mapping[str, Mapping[str, Mapping[str, Any]]]
+                    ) -> dict[str, PenaltySpec]:
+    """Fit each trimmed head's penalty (router.segmentation) on an evaluation table (source
+    -> head -> figures, as eval-by-source.json) and store it in the manifest; the native
+    head gets 0, 0. Returns head -> what was stored."""
+    from router.segmentation import fit_by_head, fit_points
+
+    m = Manifest.load(target)
+    vocab = {h.name: h.vocab_size for h in m.heads}
+    fits = fit_by_head(fit_points(table, vocab))
+    native = max(m.heads, key=lambda h: h.vocab_size).name
+    sources = tuple(table)
+    out = {native: PenaltySpec(0.0, 0.0, 0.0, len(sources), sources)}
+    for head, (fit, mae, n) in fits.items():
+        out[head] = PenaltySpec(round(fit.per_split, 4), round(fit.per_fallback_share, 4),
+                                round(mae, 4), n, sources)
+        log.info("%s: penalty = %.3g x split + %.3g x fallback (mean abs error %.3f, %d "
+                 "languages)", head, fit.per_split, fit.per_fallback_share, mae, n)
+    m.with_penalties(out).save(target)
+    return out
+
+
+def _unfitted(target: Path) -> bool:
+    """A current demo built before its heads carried their penalty fit."""
+    try:
+        m = Manifest.load(target)
+        return any(m.penalty(h.name) is None for h in m.heads)
+    except CheckpointError:
+        return False
 
 
 def _stale_demo(target: Path) -> bool:
@@ -85,6 +144,10 @@ def resolve_model_dir(model: str, cache_dir: Path) -> Path:
                 _build_demo(target, cache_dir)
             else:
                 build_tiny(target)
+        elif model == DEMO and _unfitted(target):
+            # Fitted in place (minutes) rather than rebuilt: the heads themselves are current.
+            log.info("fitting the cached %s heads' quality model (once)", model)
+            fit_penalties(target)
         return target
     path = Path(model).expanduser()
     if not path.is_dir():

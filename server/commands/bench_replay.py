@@ -35,6 +35,16 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
                    help="directory for bench_replay.csv")
     p.add_argument("--rounds", type=int, default=1,
                    help="replay every policy/head this many times, interleaved; median kept")
+    p.add_argument("--levels", default=None, metavar="CLIENTS",
+                   help="load levels, comma-separated numbers of requests kept in flight, "
+                   "e.g. 1,4,16: each replays the same --requests requests closed loop and is "
+                   "judged apart (named by its measured mean running batch); plots per level")
+    p.add_argument("--requests", type=int, default=200,
+                   help="with --levels: requests per label and level (default 200)")
+    p.add_argument("--statics", default=None, metavar="HEADS",
+                   help="with --levels: the static heads to run, e.g. 131k,262k (default all)")
+    p.add_argument("--score-stride", type=int, default=1, metavar="K",
+                   help="with --levels: score served BPB on every K-th request (default 1)")
     p.set_defaults(run=_run)
 
 
@@ -76,6 +86,9 @@ def _run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     ckpt = load_checkpoint(resolve_model_dir(args.model, load_settings(None).cache_dir),
                            compute_dtype="float32")
+    if args.levels is not None:
+        _run_levels(args, ckpt, policies, languages)
+        return
     regime_of = (lambda t: phase_at(phases, t).regime) if phases else (lambda t: "all")
     cfg = ReplayConfig(max_num_seqs=args.max_num_seqs, lambda_forecast=args.lam)
     print(f"replaying {len(trace)} requests over {trace[-1].arrival_s:.0f} s on "
@@ -108,3 +121,44 @@ def _run(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, args.out / "bench_replay.csv")
     print(f"wrote {args.out / 'bench_replay.csv'}")
+
+
+def _run_levels(args: argparse.Namespace, ckpt, policies: list[str], languages: bool) -> None:
+    from router.simulate.traces import TRACES, SimRequest
+    from server.bench.replay.level_run import replay_levels, report
+    from server.bench.replay.runner import ReplayConfig
+    from server.commands.errors import CliError
+
+    try:
+        clients = [int(c) for c in args.levels.split(",") if c.strip()]
+    except ValueError:
+        raise CliError(f"--levels: expected comma-separated integers, got {args.levels!r}") \
+            from None
+    if args.trace not in TRACES or not clients or min(clients) < 1 or args.requests < 1 \
+            or args.score_stride < 1:
+        raise CliError("--levels needs a synthetic --trace, clients >= 1, --requests >= 1 "
+                       "and --score-stride >= 1")
+    heads = [h.name for h in ckpt.manifest.heads]
+    statics = heads if args.statics is None else [s.strip() for s in args.statics.split(",")]
+    if not set(statics) <= set(heads):
+        raise CliError(f"--statics: heads are {', '.join(heads)}")
+    largest = max(ckpt.manifest.heads, key=lambda h: h.vocab_size).name
+    if largest not in statics:
+        statics.append(largest)  # the BPB bounds are relative to it
+    duration, trace = args.duration, list[SimRequest]()
+    while len(trace) < args.requests:  # the arrivals do not matter closed loop: sizes, languages
+        trace = TRACES[args.trace](duration, peak=args.peak)
+        duration *= 2
+    trace = trace[:args.requests]
+    labels = [*policies, *(f"static:{h}" for h in statics)]
+    cfg = ReplayConfig(max_num_seqs=args.max_num_seqs, lambda_forecast=args.lam)
+    print(f"replaying {len(trace)} {args.trace} requests at {len(clients)} load level(s) "
+          f"({', '.join(map(str, clients))} in flight) on {ckpt.manifest.model_name} "
+          f"({args.threads} threads, float32), {args.rounds} round(s) of "
+          f"{', '.join(labels)}")
+    lvls = asyncio.run(replay_levels(ckpt, trace, labels, clients, cfg, args.rounds,
+                                     args.calibration, args.score_stride))
+    router = next(p for p in policies if not p.endswith(":blind"))
+    text, _ = report(lvls, router, f"static:{largest}", args.trace == "english", args.trace,
+                     args.out)
+    print(text)

@@ -23,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="eval-by-source.json written by `heads eval` (e.g. --languages all)")
     fit.add_argument("--bounds", default="0.05,0.1,0.15,0.25,0.5",
                      help="max_bpb_loss values to show which heads each would exclude")
+    fit.add_argument("--store", type=Path, metavar="CHECKPOINT",
+                     help="also store each head's own fit in this checkpoint's manifest (the "
+                     "router's quality bound reads it from there)")
     fit.set_defaults(run=_heads_fit_penalty)
 
 
@@ -57,6 +60,13 @@ def _register_build(hsub: argparse._SubParsersAction) -> None:
                        help="with --trim split: re-spell a removed token as the head's "
                        "merge-filtered BPE spells its text alone ('bpe', default), or in the "
                        "fewest kept tokens")
+    build.add_argument("--fit-penalty", action=argparse.BooleanOptionalAction, default=True,
+                       help="evaluate the new heads on the committed per-language samples and "
+                       "store each head's fitted BPB penalty (the router's quality bound) in "
+                       "the manifest (default on; about two minutes for Gemma-3-270M)")
+    build.add_argument("--fit-bytes", type=int, default=None, metavar="N",
+                       help="with --fit-penalty: bytes of each language's sample (default "
+                       "1024)")
     build.set_defaults(run=_heads_build)
     rank = hsub.add_parser("rank", help="rank a checkpoint's native tokens on a corpus and "
                            "save the order (.npz) for `heads build --ranking`")
@@ -133,6 +143,14 @@ def _heads_build(args: argparse.Namespace) -> None:
                     weights=_weights(args), trim=args.trim, spelling=args.spelling)
     print(f"wrote {args.out}: heads " + ", ".join(f"{h.name} (V={h.vocab_size})"
                                                  for h in m.heads))
+    if args.fit_penalty:
+        from server.model_source import PENALTY_BYTES, fit_penalties
+
+        fits = fit_penalties(args.out, max_bytes=args.fit_bytes or PENALTY_BYTES)
+        for head, f in fits.items():
+            print(f"{head}: BPB penalty {f.per_split:.3g} x split share + "
+                  f"{f.per_fallback_share:.3g} x byte-token share (mean abs error "
+                  f"{f.mean_abs_error:.3f} over {f.points} languages)")
 
 
 def _heads_rank(args: argparse.Namespace) -> None:
@@ -223,3 +241,9 @@ def _heads_fit_penalty(args: argparse.Namespace) -> None:
     print(f"\nPenaltyFit(per_split={fit.per_split:.3g}, per_fallback_share="
           f"{fit.per_fallback_share:.3g}) over {len(points)} points; mean absolute error "
           f"{mae:.3f}")
+    if args.store is not None:
+        from server.model_source import store_penalties
+
+        for head, f in store_penalties(args.store, table).items():
+            print(f"stored {head}: {f.per_split:.3g} x split + {f.per_fallback_share:.3g} x "
+                  f"fallback (mean abs error {f.mean_abs_error:.3f}, {f.points} languages)")

@@ -12,7 +12,13 @@ from router.compression import LIVE_WEIGHT_CAP, predict_output_bpt, stat_key
 from router.cost import AnalyticTimer, Group, marginal_step_s, request_cost_per_byte
 from router.profiles import HeadTokens, RequestFeatures
 from router.router import Router
-from router.segmentation import PenaltyFit, excluded_by_bound, fit_points, penalties
+from router.segmentation import (
+    PenaltyFit,
+    excluded_by_bound,
+    fit_by_head,
+    fit_points,
+    penalties,
+)
 from router.state import LiveState
 from tests.router.helpers import heads
 
@@ -96,6 +102,33 @@ def test_fit_recovers_coefficients_and_never_rewards_fallback() -> None:
     assert no_fallback == PenaltyFit(2.0, 0.0)
     negative = PenaltyFit.fit([(0.5, 0.5, 0.5), (1.0, 0.1, 1.0), (0.2, 0.9, 0.2)])
     assert negative.per_fallback_share >= 0 and negative.per_split >= 0
+
+
+def test_a_heads_own_fit_wins_over_the_default_and_fits_are_per_head() -> None:
+    profiles = heads()
+    f = english()
+    default = penalties(profiles, f, FIT)
+    own = [dataclasses.replace(p, bpb_penalty=(3.0, 0.0)) if p.name == "32k" else p
+           for p in profiles]
+    mine = penalties(own, f, FIT)
+    split = 1 - f.tokens["262k"].prompt_tokens / f.tokens["32k"].prompt_tokens
+    assert mine["32k"] == pytest.approx(3.0 * split) != pytest.approx(default["32k"])
+    assert mine["131k"] == default["131k"]  # no fit of its own: the default
+    points = [("en", "32k", 0.2, 0.0, 0.4), ("ru", "32k", 0.5, 0.0, 1.0),
+              ("en", "131k", 0.1, 0.0, 0.05), ("ru", "131k", 0.4, 0.0, 0.2)]
+    by_head = fit_by_head(points)
+    assert by_head["32k"][0] == PenaltyFit(2.0, 0.0) and by_head["32k"][1:] == (0.0, 2)
+    # The envelope: no language predicted under its measured loss (0.4 / 0.2 = 2 here, not
+    # the least-squares 0.55); splits under 5% are noise and do not set it.
+    assert by_head["131k"][0].per_split == pytest.approx(0.5)
+    uneven = [(0.08, 0.0, 0.25), (0.37, 0.0, 0.80), (0.02, 0.0, 0.10)]
+    env = PenaltyFit.envelope(uneven)
+    assert env.per_split == pytest.approx(0.25 / 0.08)
+    assert all(env.penalty(x, f) >= y for x, f, y in uneven[:2])
+    assert PenaltyFit.fit(uneven).penalty(0.08, 0.0) < 0.25  # least squares under-predicts
+    assert PenaltyFit.envelope([(0.01, 0.0, 0.05)]) == PenaltyFit(0.0, 0.0)
+    # A near-native head measured slightly better than native fits 0, never a reward.
+    assert PenaltyFit.fit([(0.01, 0.0, -0.04), (0.02, 0.0, 0.01)]) == PenaltyFit(0.0, 0.0)
 
 
 def test_joining_a_running_group_shares_its_read() -> None:

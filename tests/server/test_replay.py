@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from heads.manifest import Manifest
 from heads.model.weights import load_checkpoint
 from router.simulate.traces import SimRequest
@@ -60,3 +62,34 @@ def test_serve_settings_seed_the_router_from_a_calibration_file(tiny_model_dir: 
     assert isinstance(router.timer, FittedStepTimer) and router.timer.sample_count == 9
     router, _ = build_router(manifest, Settings(cache_dir=tmp_path))
     assert isinstance(router.timer, FittedStepTimer) and router.timer.sample_count == 0
+
+
+def test_levels_run_closed_loop_and_account_for_every_second(tiny_model_dir: Path,
+                                                              tmp_path: Path) -> None:
+    from server.bench.replay.breakdown import parts
+    from server.bench.replay.level_run import replay_levels, report
+
+    ckpt = load_checkpoint(tiny_model_dir, compute_dtype="float32")
+    trace = [SimRequest(0.0, 80 + 10 * i, 40, 8, "en" if i % 2 else "de") for i in range(6)]
+    labels = ["lifecycle", "static:1k", "static:8k"]
+    lvls = asyncio.run(replay_levels(ckpt, trace, labels, [1, 3], ReplayConfig(
+        max_num_seqs=4, kv_cache_mb=8, poll_s=0.02), rounds=2))
+    assert [lv.clients for lv in lvls] == [1, 3]
+    one, three = lvls
+    assert all(r.real.mean_batch == 1.0 for r in one.rows)  # one client: B=1 every step
+    assert max(r.real.result.max_batch for r in three.rows) > 1
+    for lv in lvls:
+        assert [r.policy for r in lv.rows] == labels and lv.name.startswith("B=")
+        for r in lv.rows:
+            assert len(r.runs) == 2 and r.real in r.runs
+            res = r.real
+            assert len(res.served) == len(trace) and len(res.bpb) == len(trace)
+            assert res.prefill_s + res.decode_s == pytest.approx(res.result.device_s)
+            p = parts(res)
+            assert sum(p.values()) == pytest.approx(res.wall_s, rel=0.02, abs=0.01)
+            assert res.score_s >= 0 and res.inflight_s <= res.wall_s + 1e-9
+    text, checks = report(lvls, "lifecycle", "static:8k", False, "multilingual", tmp_path)
+    assert "decode s/MB" in text and "not dominated" in text
+    assert len(checks) == 2 + 1  # dominance at both levels, the low-load cost target
+    assert (tmp_path / "bench_replay_multilingual_c1.png").stat().st_size > 1000
+    assert (tmp_path / "bench_replay_multilingual_levels.json").is_file()

@@ -26,6 +26,7 @@ class Compared:
     policy: str  # a policy name, or "static:<head>"
     real: ReplayResult
     sims: Mapping[str, SimResult]  # simulator label -> its prediction for the same trace
+    runs: tuple[ReplayResult, ...] = ()  # every round's run, `real` among them
 
 
 def _best(rows: Sequence[Compared], cost: dict[str, float]) -> float:

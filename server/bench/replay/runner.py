@@ -11,6 +11,12 @@ cost is busy engine time (the engine's own step timings, prefill + decode) per M
 detokenized output text; idle time is not charged. KV admission is the engine scheduler's
 (it queues what does not fit); the gateway's AdmissionGate and its 429s are not exercised.
 
+A trace runs open loop (arrivals on its clock) or, at a load level, closed loop: `concurrency`
+clients, each sending the trace's next request as soon as its last one finished, so the level
+holds about that many requests in flight whatever the heads' speed. Prompts are scored for
+live BPB as the gateway's default does (a seeded 10% of requests, 32 positions), so the
+replay pays what serving pays; that time is inside the prefill steps and reported apart.
+
 Served quality is scored after the runs (`score`): the continuation's bits per byte given
 the prompt, under the head that served the request.
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +47,7 @@ from router.state import LiveState
 from router.step_time_fit import FittedStepTimer, StepSample
 from server.bench.replay.prompts import for_language
 from server.bench.replay.quality import continuation_bits
+from server.gateway.prompt_bpb import PromptBpbConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +59,7 @@ class ReplayConfig:
     lambda_forecast: float | None = 100.0  # as `polyhead simulate --lambda`
     batch_window_s: float = 5.0  # live-B smoothing, as the gateway's default
     poll_s: float = 0.1  # step timings are drained and stamped with trace time this often
+    prompt_bpb: PromptBpbConfig = PromptBpbConfig()  # which prompts the engine scores
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +87,20 @@ class ReplayResult:
     served: list[Served] = field(default_factory=list)  # one per request, in arrival order
     head_s: dict[str, float] = field(default_factory=dict)  # step seconds, by token share
     bpb: list[float] = field(default_factory=list)  # per served request, once scored
+    # Where the run's time went (server.bench.replay.breakdown), seconds.
+    prefill_s: float = 0.0  # prefill steps, prompt scoring included
+    decode_s: float = 0.0  # decode steps
+    decode_rows: int = 0  # Σ rows over decode steps: ÷ decode steps = mean running batch
+    decode_step_count: int = 0
+    score_s: float = 0.0  # prompt scoring (inside prefill steps)
+    wall_s: float = 0.0  # first request sent to last one finished
+    inflight_s: float = 0.0  # wall time with at least one request in flight
+    head_decode: dict[str, tuple[float, int]] = field(default_factory=dict)  # s, rows
+
+    @property
+    def mean_batch(self) -> float:
+        """Mean running batch: rows per decode step."""
+        return self.decode_rows / self.decode_step_count if self.decode_step_count else 0.0
 
     def head_cost_per_token(self, head: str) -> float:
         """Busy step seconds per token the head's rows took, prefill steps included."""
@@ -121,16 +144,20 @@ class Replayer:
         self.encoder.close()
         await self.engine.shutdown()
 
-    async def _generate(self, head: str, ids: list[int], n: int) -> list[int]:
+    async def _generate(self, head: str, ids: list[int], n: int, score: bool = False,
+                        positions: int = 0) -> list[int]:
         req = GenerationRequest(f"replay-{time.perf_counter_ns()}", head, tuple(ids), n,
-                                RowParams(temperature=0.0), frozenset())
+                                RowParams(temperature=0.0), frozenset(),
+                                score_prompt=score, score_positions=positions)
         return [e.token_id async for e in self.engine.generate(req)]
 
     def texts(self, r: SimRequest, index: int) -> tuple[str, str]:
         return for_language(r.lang).pair(r.prompt_bytes, r.output_bytes, index)
 
     async def run(self, trace: Sequence[SimRequest], policy_doc: Mapping[str, Any], label: str,
-                  regime_of: Callable[[float], str]) -> ReplayResult:
+                  regime_of: Callable[[float], str], concurrency: int | None = None
+                  ) -> ReplayResult:
+        """`concurrency`: closed loop with that many clients; None: the trace's arrivals."""
         profiles = list(self.profiles.values())
         timer = self.new_timer()
         state = LiveState.for_profiles(profiles, self.cfg.batch_window_s)
@@ -139,6 +166,8 @@ class Replayer:
         out = ReplayResult(SimResult(label, requests=dict.fromkeys(self.profiles, 0)),
                            head_tokens=dict.fromkeys(self.profiles, 0),
                            head_bytes=dict.fromkeys(self.profiles, 0))
+        spans: list[tuple[float, float]] = []  # (sent, finished) per request, trace time
+        score0 = self.engine.prompt_score_seconds()
         t0 = time.perf_counter()
         clock = lambda: time.perf_counter() - t0  # noqa: E731 - trace time, s
 
@@ -152,7 +181,7 @@ class Replayer:
                 await asyncio.sleep(self.cfg.poll_s)
                 drain()
 
-        async def serve(r: SimRequest, index: int) -> Served:
+        async def serve(r: SimRequest, index: int, sent: float) -> Served:
             loads = self.engine.head_load()
             state.set_loads({h: (x.running, x.waiting) for h, x in loads.items()})
             prompt, continuation = self.texts(r, index)
@@ -166,9 +195,13 @@ class Replayer:
             # The continuation in this head's tokens: what writing that text costs it.
             n = len(self.ckpt.tokenizers[d.head].encode(continuation))
             n = min(r.max_tokens, max(1, n))
-            out_ids = await self._generate(d.head, list(enc.heads[d.head].ids[0]), n)
+            # The same requests are scored under every label (seeded by position).
+            scored, positions = self.cfg.prompt_bpb.request(None, random.Random(index))
+            out_ids = await self._generate(d.head, list(enc.heads[d.head].ids[0]), n,
+                                           scored, positions)
             text = len(self.ckpt.tokenizers[d.head].decode(out_ids).encode())
-            latency = clock() - r.arrival_s
+            spans.append((sent, clock()))
+            latency = clock() - sent
             out.result.latencies.append(latency)
             out.result.output_bytes += text
             out.result.requests[d.head] += 1
@@ -183,17 +216,28 @@ class Replayer:
                           seen.get("predicted_bytes_per_token"),
                           seen.get("prompt_bytes_per_token"), latency)
 
+        async def client(r: SimRequest, index: int) -> Served:
+            async with slots:  # FIFO: requests go out in trace order
+                return await serve(r, index, clock())
+
         last: list[str | None] = [None]
+        slots = asyncio.Semaphore(concurrency or 1)
         poller = asyncio.create_task(poll())
         tasks = []
         for i, r in enumerate(trace):
-            await asyncio.sleep(max(0.0, r.arrival_s - clock()))
-            tasks.append(asyncio.create_task(serve(r, i)))
+            if concurrency is None:
+                await asyncio.sleep(max(0.0, r.arrival_s - clock()))
+                tasks.append(asyncio.create_task(serve(r, i, r.arrival_s)))
+            else:
+                tasks.append(asyncio.create_task(client(r, i)))
         try:
             out.served = list(await asyncio.gather(*tasks))
         finally:
             poller.cancel()
         drain()
+        out.score_s = self.engine.prompt_score_seconds() - score0
+        out.wall_s = max(end for _, end in spans) - min(start for start, _ in spans)
+        out.inflight_s = _union(spans)
         return out
 
     def score(self, trace: Sequence[SimRequest], pairs: set[tuple[int, str]]) -> None:
@@ -217,9 +261,27 @@ def _account(out: ReplayResult, t: StepTiming, regime: str, timer: StepTimer) ->
         key = (regime, head)
         out.regime_tokens[key] = out.regime_tokens.get(key, 0) + n
         out.head_s[head] = out.head_s.get(head, 0.0) + t.seconds * n / rows
-    if not t.prefill:
+    if t.prefill:
+        out.prefill_s += t.seconds
+    else:
+        out.decode_s += t.seconds
+        out.decode_rows += rows
+        out.decode_step_count += 1
+        for head, n, _ in t.groups:  # step time split by rows, as head_s
+            s, r = out.head_decode.get(head, (0.0, 0))
+            out.head_decode[head] = (s + t.seconds * n / rows, r + n)
         out.result.max_batch = max(out.result.max_batch, sum(n for _, n, _ in t.groups))
         sample = StepSample(t.groups, t.seconds)
         out.decode_steps.append(sample)
         if isinstance(timer, FittedStepTimer):  # live calibration, as the gateway does
             timer.record(sample)
+
+
+def _union(spans: Sequence[tuple[float, float]]) -> float:
+    """Total length of the union of [start, end) intervals."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total

@@ -11,6 +11,7 @@ from the committed samples, as the real runs tokenize them.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -31,13 +32,20 @@ log = logging.getLogger(__name__)
 async def replay_all(ckpt: Checkpoint, trace: Sequence[SimRequest], policies: Sequence[str],
                      cfg: ReplayConfig, regime_of: Callable[[float], str],
                      calibration: Path | None = None, rounds: int = 1,
-                     score: bool = True) -> list[Compared]:
+                     score: bool = True, concurrency: int | None = None,
+                     simulate: bool = True, statics: Sequence[str] | None = None,
+                     score_stride: int = 1) -> list[Compared]:
     """`rounds` > 1 replays every label that many times, interleaved (A B C A B C ...), so
     slow drifts of a shared machine hit every label alike; each label keeps its median-cost
-    run. `score`: the served quality of each kept run (server.bench.replay.quality)."""
+    run and all of them (`Compared.runs`, for the run's noise). `score`: the served quality
+    of every run (server.bench.replay.quality), on every `score_stride`-th request of the
+    trace (the same ones for every label). `concurrency`: closed loop at that many requests
+    in flight (Replayer.run). `statics`: the static heads to run (default every head).
+    `simulate`: also the simulator's prediction (open loop only)."""
     profiles = head_profiles(ckpt.manifest, "float32")
     device = device_spec("auto")
     heads = [p.name for p in profiles]
+    static = list(heads if statics is None else statics)
 
     def new_timer() -> StepTimer:
         # As the gateway: calibrated live from the engine's steps, seeded from the file.
@@ -50,9 +58,10 @@ async def replay_all(ckpt: Checkpoint, trace: Sequence[SimRequest], policies: Se
     runs: dict[str, list[ReplayResult]] = {}
     try:
         for i in range(rounds):
-            for name in (*policies, *heads):
-                label = f"static:{name}" if name in heads else name
-                res = await replayer.run(trace, policy_doc(name, heads), label, regime_of)
+            for name in (*policies, *static):
+                label = f"static:{name}" if name in static else name
+                res = await replayer.run(trace, policy_doc(name, heads), label, regime_of,
+                                         concurrency)
                 runs.setdefault(label, []).append(res)
                 log.info("replay %s (round %d/%d): %.4g s/MB, %d requests, %d steps", label,
                          i + 1, rounds, res.result.cost_s_per_mb, len(res.result.latencies),
@@ -60,14 +69,17 @@ async def replay_all(ckpt: Checkpoint, trace: Sequence[SimRequest], policies: Se
         real = {label: sorted(rs, key=lambda r: r.result.cost_s_per_mb)[len(rs) // 2]
                 for label, rs in runs.items()}
         if score:  # after the timed runs, so scoring never competes with them for the CPU
-            replayer.score(trace, {(s.index, s.head) for res in real.values()
-                                   for s in res.served})
-            for res in real.values():
-                res.bpb = [replayer.served_bpb(s) for s in res.served]
+            replayer.score(trace, {(s.index, s.head) for rs in runs.values() for res in rs
+                                   for s in res.served if s.index % score_stride == 0})
+            for res in (res for rs in runs.values() for res in rs):
+                res.bpb = [replayer.served_bpb(s) if s.index % score_stride == 0 else math.nan
+                           for s in res.served]
         langs = {r.lang for r in trace}
         texts = spellings(replayer.encoder, langs) if langs != {"en"} else None
     finally:
         await replayer.close()
+    if not simulate:
+        return [Compared(label, res, {}, tuple(runs[label])) for label, res in real.items()]
 
     fitted = FittedStepTimer(device, profiles)
     seed_timer(fitted, (s for res in real.values() for s in res.decode_steps))
@@ -82,5 +94,5 @@ async def replay_all(ckpt: Checkpoint, trace: Sequence[SimRequest], policies: Se
                 kv=replayer.kv_tokens, max_num_seqs=cfg.max_num_seqs, score_timer=score,
                 texts=texts)}
             for lab, score in sim_timers.items()}
-    return [Compared(label, res, {lab: sims[lab][label] for lab in sims})
+    return [Compared(label, res, {lab: sims[lab][label] for lab in sims}, tuple(runs[label]))
             for label, res in real.items()]

@@ -198,9 +198,16 @@ def test_cli_corpus_build_and_heads_build(src: Path, tmp_path: Path, capsys) -> 
     held = tmp_path / "c" / "tiny_corpus.heldout.txt"
     assert train.stat().st_size > 10 * held.stat().st_size > 0
     assert main(["heads", "build", str(src), "--sizes", "600", "--corpus", str(train),
-                 "--out", str(tmp_path / "m")]) == 0
-    assert "600 (V=600)" in capsys.readouterr().out
+                 "--out", str(tmp_path / "m"), "--fit-bytes", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "600 (V=600)" in out and "BPB penalty" in out
+    # The router's quality model was fitted on the new heads and stored with them.
+    m = Manifest.load(tmp_path / "m")
+    native = m.penalty(max(m.heads, key=lambda h: h.vocab_size).name)
+    assert native is not None and native.per_split == 0.0
+    assert all((f := m.penalty(h.name)) is not None and f.points > 0 for h in m.heads)
+    assert (tmp_path / "m" / "eval-languages" / "eval-by-source.json").is_file()
     assert main(["heads", "build", str(src), "--sizes", "99999", "--corpus", str(train),
-                 "--out", str(tmp_path / "m2")]) == 2
+                 "--out", str(tmp_path / "m2"), "--no-fit-penalty"]) == 2
     tok = Tokenizer.from_file(str(tmp_path / "m" / "tokenizers" / "600.json"))
     assert tok.get_vocab_size() == 600
