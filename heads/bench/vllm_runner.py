@@ -32,7 +32,8 @@ def start_llm(path: Path, dtype: str | None, max_batch: int, max_len: int) -> An
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     t0 = time.perf_counter()
-    llm = LLM(model=str(path), skip_tokenizer_init=True, dtype=dtype or "auto",
+    kwargs: dict[str, Any] = {"dtype": dtype or "auto"}  # vLLM types dtype as a Literal
+    llm = LLM(model=str(path), skip_tokenizer_init=True, **kwargs,
               max_model_len=max_len, max_num_seqs=max_batch,
               max_num_batched_tokens=max(2048, max_batch * max_len), enable_prefix_caching=False)
     log.info("vLLM engine on %s up in %.1f s", path, time.perf_counter() - t0)
