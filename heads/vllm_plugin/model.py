@@ -9,9 +9,11 @@ head h is row g - off_h of h's matrix. Three places differ from a stock vLLM mod
   input token (`bucketize`). The runner slices hidden states to the sampled positions before
   `compute_logits`, and the channel travels with them: a request's next token belongs to the
   head of its current token;
-- `compute_logits` multiplies each head group only by that head's V_h rows and leaves -inf
-  in every other head's range, so sampling can never leave the request's head; an adapted
-  head adds its bias (and first maps h through its hidden adapter).
+- `compute_logits` multiplies each request only by its head's V_h rows and leaves -inf in
+  every other head's range, so sampling can never leave the request's head; an adapted
+  head adds its bias (and first maps h through its hidden adapter). The rows are cut into
+  nested blocks, each multiplied once per step through vLLM's own GEMM dispatch
+  (heads/vllm_plugin/nested_logits.py).
 
 Only tensor parallel size 1 and one pipeline stage are supported: the head matrices are plain
 tensors, not vocab-parallel shards.
@@ -29,6 +31,7 @@ from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 from heads.vllm_plugin.layout import CONFIG_KEY, VocabLayout
+from heads.vllm_plugin.nested_logits import BlockRows, NestedLogits
 
 EMBED_TOKENS = "model.embed_tokens.weight"
 
@@ -90,6 +93,7 @@ class PolyheadForCausalLM(nn.Module):
         self.register_buffer("offsets", torch.tensor([h.offset for h in self.layout.heads],
                                                      dtype=torch.int64), persistent=False)
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+        self.nested: NestedLogits | None = None
 
     def _matrix(self, i: int) -> torch.Tensor:
         return self.model.embed_tokens.weight if i == 0 else self.head_matrices[str(i)]
@@ -126,31 +130,35 @@ class PolyheadForCausalLM(nn.Module):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # hidden_states: [N, d + 1] at the sampled positions -> logits [N, ΣV_h]
         h, head = hidden_states[:, :-1], hidden_states[:, -1].round().long()
-        out = h.new_full((h.shape[0], self.total_vocab), float("-inf"))
-        if h.shape[0] == 0:
-            return out
-        lo, hi = int(head.min()), int(head.max())
-        groups = [lo] if lo == hi else [int(i) for i in head.unique().tolist()]
-        for i in groups:
-            spec = self.layout.heads[i]
-            weight = self._matrix(spec.unembedding)[: spec.vocab_size]  # [V_h, d], a view
-            cols = slice(spec.offset, spec.offset + spec.vocab_size)
-            if lo == hi:  # one head in the batch: no row split
-                out[:, cols] = self._cap(self._head_logits(i, h, weight))
-            else:
-                rows = (head == i).nonzero(as_tuple=True)[0]
-                out[rows, cols] = self._cap(self._head_logits(i, h[rows], weight))
-        return out
+        if self.nested is None:  # first call after load_weights: the GEMM handles
+            self.nested = self._nested_logits()
+        return self.nested(h, head)
 
-    def _head_logits(self, i: int, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # h: [n, d] -> [n, V_h]; the same steps, in the same order, as heads/model/adapter.py
+    def _nested_logits(self) -> NestedLogits:
+        from vllm.model_executor.layers.utils import (
+            dispatch_cpu_unquantized_gemm,
+            dispatch_unquantized_gemm,
+        )
+        from vllm.platforms import current_platform
+
+        def prepare(block: BlockRows) -> None:
+            if current_platform.is_cpu():  # what stock vLLM does to its lm_head on CPU
+                dispatch_cpu_unquantized_gemm(block, remove_weight=False)  # type: ignore[arg-type]
+
+        matrices = [self._matrix(i) for i in range(len(self.layout.matrices))]
+        return NestedLogits(self.layout, matrices, dispatch_unquantized_gemm(), prepare,
+                            self._finish, self._adapt)
+
+    def _adapt(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        # h: [n, d] -> [n, d]; the hidden adapter of heads/model/adapter.py, same order
         key = str(i)
-        if key in self.head_down:
-            h = h + (h @ self.head_down[key].T) @ self.head_up[key].T
-        logits = F.linear(h, weight)
-        return logits + self.head_biases[key] if key in self.head_biases else logits
+        return h + (h @ self.head_down[key].T) @ self.head_up[key].T
 
-    def _cap(self, logits: torch.Tensor) -> torch.Tensor:
+    def _finish(self, i: int, logits: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        # logits: [n, stop - start], head i's local columns [start, stop): bias, then softcap
+        key = str(i)
+        if key in self.head_biases:
+            logits = logits + self.head_biases[key][start:stop]
         if not self.softcap:
             return logits
         return torch.tanh(logits / self.softcap) * self.softcap
@@ -172,4 +180,5 @@ class PolyheadForCausalLM(nn.Module):
                 raise ValueError(f"polyhead: unexpected tensor {name!r} in the checkpoint")
             default_weight_loader(params[name], tensor)
             loaded.add(name)
+        self.nested = None  # the GEMM handles copy the rows: rebuild from the new weights
         return loaded
