@@ -88,11 +88,17 @@ class NestedLogits:
         self.vocab = torch.tensor([h.vocab_size for h in layout.heads], dtype=torch.int64)
 
     def __call__(self, h: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        out = h.new_full((h.shape[0], self.total), float("-inf"))
         if h.shape[0] == 0:
-            return out
+            return h.new_empty((0, self.total))
         lo, hi = int(head.min()), int(head.max())
         present = {lo} if lo == hi else {int(i) for i in head.unique().tolist()}
+        if lo == hi:  # the blocks write the head's whole range: -inf only around it
+            spec = self.layout.heads[lo]
+            out = h.new_empty((h.shape[0], self.total))
+            out[:, : spec.offset] = float("-inf")
+            out[:, spec.offset + spec.vocab_size:] = float("-inf")
+        else:
+            out = h.new_full((h.shape[0], self.total), float("-inf"))
         for g in self.groups:
             members = [i for i in g.members if i in present]
             if not members:
