@@ -15,8 +15,11 @@ head h is row g - off_h of h's matrix. Three places differ from a stock vLLM mod
   nested blocks, each multiplied once per step through vLLM's own GEMM dispatch
   (heads/vllm_plugin/nested_logits.py).
 
-Only tensor parallel size 1 and one pipeline stage are supported: the head matrices are plain
-tensors, not vocab-parallel shards.
+Tensor parallel: the first head matrix is the decoder's own VocabParallelEmbedding (each
+rank holds its shard; lookups go through it), and the logits are vocab-parallel block by
+block (nested_logits.py: each rank multiplies its 1/tp piece of every nested block, the
+pieces are all-gathered). Further head matrices and adapter tensors are replicated. One
+pipeline stage only.
 """
 
 from __future__ import annotations
@@ -27,7 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vllm.config import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.distributed import (
+    get_pp_group,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_gather,
+)
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 from heads.vllm_plugin.layout import CONFIG_KEY, VocabLayout
@@ -51,8 +59,8 @@ def _decoder_class(model_type: str) -> type[nn.Module]:
 class PolyheadForCausalLM(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
-        if get_tensor_model_parallel_world_size() != 1:
-            raise ValueError("polyhead heads support tensor_parallel_size=1 only")
+        if get_pp_group().world_size != 1:
+            raise ValueError("polyhead heads support pipeline_parallel_size=1 only")
         config = vllm_config.model_config.hf_config
         self.layout = VocabLayout.from_json(getattr(config, CONFIG_KEY))
         self.total_vocab = self.layout.total_vocab
@@ -107,14 +115,21 @@ class PolyheadForCausalLM(nn.Module):
         local = input_ids - self.offsets[head]
         matrices = {h.embedding for h in self.layout.heads}
         if len(matrices) == 1:  # the nested case: one gather serves every head
-            x = F.embedding(local, self._matrix(matrices.pop()))
+            x = self._embed(matrices.pop(), local)
         else:
             x = torch.empty(input_ids.shape[0], self._matrix(0).shape[1],
                             dtype=self._matrix(0).dtype, device=input_ids.device)
             for i, h in enumerate(self.layout.heads):
                 rows = head == i
-                x[rows] = F.embedding(local[rows], self._matrix(h.embedding))
+                x[rows] = self._embed(h.embedding, local[rows])
         return x * self.model.normalizer if self.is_gemma else x
+
+    def _embed(self, matrix: int, local: torch.Tensor) -> torch.Tensor:
+        # Matrix 0 is the decoder's VocabParallelEmbedding: under TP it masks the IDs outside
+        # this rank's shard and all-reduces; the others are whole on every rank.
+        if matrix == 0:
+            return self.model.embed_tokens(local)
+        return F.embedding(local, self._matrix(matrix))
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 intermediate_tensors: object = None, inputs_embeds: torch.Tensor | None = None,
@@ -145,9 +160,20 @@ class PolyheadForCausalLM(nn.Module):
             if current_platform.is_cpu():  # what stock vLLM does to its lm_head on CPU
                 dispatch_cpu_unquantized_gemm(block, remove_weight=False)  # type: ignore[arg-type]
 
-        matrices = [self._matrix(i) for i in range(len(self.layout.matrices))]
+        tp = get_tensor_model_parallel_world_size()
+        matrices = [self._whole_matrix(i, tp) for i in range(len(self.layout.matrices))]
         return NestedLogits(self.layout, matrices, dispatch_unquantized_gemm(), prepare,
-                            self._finish, self._adapt)
+                            self._finish, self._adapt, get_tensor_model_parallel_rank(), tp,
+                            lambda y: tensor_model_parallel_all_gather(y, dim=-1))
+
+    def _whole_matrix(self, i: int, tp: int) -> torch.Tensor:
+        """Head matrix i, every row: under TP matrix 0 is gathered once from the ranks'
+        embedding shards (each rank then keeps only its pieces of the nested blocks)."""
+        rows = self.layout.matrices[i][1]
+        m = self._matrix(i)
+        if i == 0 and tp > 1:
+            m = tensor_model_parallel_all_gather(m.contiguous(), dim=0)
+        return m[:rows]
 
     def _adapt(self, i: int, h: torch.Tensor) -> torch.Tensor:
         # h: [n, d] -> [n, d]; the hidden adapter of heads/model/adapter.py, same order

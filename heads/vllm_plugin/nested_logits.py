@@ -28,10 +28,22 @@ Gemm = Callable[..., torch.Tensor]  # vLLM's (layer, x [n, d], weight [V, d], bi
 
 
 class BlockRows:
-    """Rows [start, stop) of one head matrix: the `layer` vLLM's GEMM dispatch prepares."""
+    """Rows [start, stop) of one head matrix, or under tensor parallelism this rank's piece
+    of them: the `layer` vLLM's GEMM dispatch prepares.
 
-    def __init__(self, weight: torch.Tensor, start: int, stop: int) -> None:
-        self.weight = weight[start:stop]  # [stop - start, d], a view
+    Vocab-parallel as vLLM's ParallelLMHead, block by block: with tp ranks, rank r holds rows
+    [start + r P, start + (r + 1) P) of the block, P = ceil((stop - start) / tp), the last
+    piece zero-padded to P rows, so every rank multiplies 1/tp of every block and an
+    all-gather of the [n, P] pieces, trimmed to stop - start, is the block's logits."""
+
+    def __init__(self, weight: torch.Tensor, start: int, stop: int, rank: int = 0,
+                 tp: int = 1) -> None:
+        piece = -(-(stop - start) // tp)
+        a = min(start + rank * piece, stop)
+        rows = weight[a: min(a + piece, stop)]  # [<= P, d], a view
+        if tp > 1:  # an owned (padded) copy, so the gathered whole matrix can go
+            rows = torch.cat([rows, rows.new_zeros(piece - rows.shape[0], rows.shape[1])])
+        self.weight = rows
         self.bias = None
         self.start, self.stop = start, stop
 
@@ -71,17 +83,24 @@ class NestedLogits:
     def __init__(self, layout: VocabLayout, matrices: list[torch.Tensor], gemm: Gemm,
                  prepare: Callable[[BlockRows], None],
                  finish: Callable[[int, torch.Tensor, int, int], torch.Tensor],
-                 adapt: Callable[[int, torch.Tensor], torch.Tensor]) -> None:
-        """`prepare(block)` readies a block for `gemm` (vLLM's CPU dispatch); `finish(i, y,
+                 adapt: Callable[[int, torch.Tensor], torch.Tensor], rank: int = 0,
+                 tp: int = 1, gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+                 ) -> None:
+        """`matrices`: every head matrix, whole (each rank cuts its own pieces);
+        `prepare(block)` readies a block for `gemm` (vLLM's CPU dispatch); `finish(i, y,
         start, stop)` adds head i's bias over local columns [start, stop) and soft-caps;
-        `adapt(i, h)` maps h through head i's hidden adapter."""
+        `adapt(i, h)` maps h through head i's hidden adapter; `gather` all-gathers the
+        ranks' [n, P] pieces along the last dim (tp > 1)."""
         self.layout, self.gemm, self.finish, self.adapt = layout, gemm, finish, adapt
+        self.gather = gather if tp > 1 else None
+        if tp > 1 and gather is None:
+            raise ValueError("tensor parallel logits need a gather")
         self.total = layout.total_vocab
         self.groups = head_groups(layout)
         self.blocks: dict[int, list[BlockRows]] = {}
         for m, cuts in block_cuts(layout).items():
             starts = [0, *cuts[:-1]]
-            self.blocks[m] = [BlockRows(matrices[m], a, b)
+            self.blocks[m] = [BlockRows(matrices[m], a, b, rank, tp)
                               for a, b in zip(starts, cuts, strict=True)]
             for block in self.blocks[m]:
                 prepare(block)
@@ -110,13 +129,19 @@ class NestedLogits:
                 self._mixed(out, members, h, head, g)
         return out
 
+    def _gemm(self, b: BlockRows, x: torch.Tensor) -> torch.Tensor:
+        y = self.gemm(b, x, b.weight, None)  # [n, P]: this rank's piece of the block
+        if self.gather is None:
+            return y
+        return self.gather(y)[:, : b.stop - b.start]  # [n, stop - start]
+
     def _single(self, out: torch.Tensor, i: int, x: torch.Tensor,
                 blocks: list[BlockRows]) -> None:
         spec = self.layout.heads[i]
         for b in blocks:
             if b.stop > spec.vocab_size:
                 break
-            y = self.gemm(b, x, b.weight, None)  # [n, stop - start]
+            y = self._gemm(b, x)  # [n, stop - start]
             out[:, spec.offset + b.start: spec.offset + b.stop] = self.finish(i, y, b.start,
                                                                                 b.stop)
 
@@ -135,7 +160,7 @@ class NestedLogits:
             if b.stop > top:
                 break
             sub = (row_vocab >= b.stop).nonzero(as_tuple=True)[0]  # rows this block serves
-            y = self.gemm(b, x[sub].contiguous(), b.weight, None)  # [n_sub, stop - start]
+            y = self._gemm(b, x[sub].contiguous())  # [n_sub, stop - start]
             sub_head = row_head[sub]
             for i in members:
                 spec = self.layout.heads[i]

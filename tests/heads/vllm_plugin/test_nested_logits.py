@@ -104,3 +104,33 @@ def test_empty_batch() -> None:
     ref = _Ref(_layout())
     out = ref.nested()(torch.empty(0, D), torch.empty(0, dtype=torch.int64))
     assert out.shape == (0, 489)
+
+
+def test_tensor_parallel_pieces_cover_each_block_once() -> None:
+    """Rank r's piece of a block, all-gathered and trimmed, is the block (odd sizes, padding)."""
+    w = torch.randn(250, D)
+    for tp in (1, 2, 3, 4):
+        for start, stop in ((0, 37), (37, 101), (101, 250)):
+            pieces = [BlockRows(w, start, stop, r, tp).weight for r in range(tp)]
+            assert len({p.shape for p in pieces}) == 1  # equal widths, as a gather needs
+            torch.testing.assert_close(torch.cat(pieces)[: stop - start], w[start:stop])
+
+
+def test_tensor_parallel_logits_equal_one_rank() -> None:
+    """Two ranks in lockstep: each multiplies its pieces; the fake gather pairs them."""
+    ref = _Ref(_layout())
+    h = torch.randn(9, D, generator=torch.Generator().manual_seed(3))
+    head = torch.tensor([2, 0, 4, 1, 2, 3, 0, 2, 4])
+    other: list[torch.Tensor] = []  # rank 1's pieces, in call order
+
+    def rank1_gemm(layer: BlockRows, x: torch.Tensor, w: torch.Tensor, b: object) -> torch.Tensor:
+        other.append(F.linear(x, w))
+        return other[-1]
+
+    rank1 = NestedLogits(ref.layout, ref.matrices, rank1_gemm, lambda b: None, ref.finish,
+                         ref.adapt, 1, 2, lambda y: torch.cat([torch.zeros_like(y), y], dim=-1))
+    rank1(h, head)  # its own output lacks rank 0's pieces: only its pieces are kept
+    pieces = iter(other)
+    rank0 = NestedLogits(ref.layout, ref.matrices, ref.gemm, lambda b: None, ref.finish,
+                         ref.adapt, 0, 2, lambda y: torch.cat([y, next(pieces)], dim=-1))
+    torch.testing.assert_close(rank0(h, head), ref.expected(h, head), **TOL)
