@@ -9,6 +9,7 @@ B (N - 1) / (t_N - t_1) for every engine alike. EOS never stops a run.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import logging
 import time
@@ -120,13 +121,18 @@ def _hf_runner(ckpt: Checkpoint, head: HeadSpec) -> Runner:
     return run
 
 
-def _measure(run: Runner, ids: list[int], batch: int, n: int, repeats: int) -> float:
-    """Best of `repeats` of (t_n - t_1), after one warm-up."""
-    run(ids, batch, 2)
-    best = float("inf")
+def _measure(runs: dict[str, Runner], ids: list[int], batch: int, n: int,
+             repeats: int) -> dict[str, float]:
+    """Engine -> best of `repeats` of (t_n - t_1), after one warm-up each. The engines take
+    turns within every repeat, so a load change on a shared machine lands on all of them
+    and their ratios stay fair."""
+    for run in runs.values():
+        run(ids, batch, 2)
+    best = dict.fromkeys(runs, float("inf"))
     for _ in range(repeats):
-        best = min(best, run(ids, batch, n) - run(ids, batch, 1))
-    return max(best, 1e-9)
+        for engine, run in runs.items():
+            best[engine] = min(best[engine], run(ids, batch, n) - run(ids, batch, 1))
+    return {e: max(t, 1e-9) for e, t in best.items()}
 
 
 def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
@@ -166,10 +172,10 @@ def _prompt(ckpt: Checkpoint, h: HeadSpec) -> list[int]:
 
 
 def _row(engine: str, head: str, vocab: int, batch: int, threads: int, new_tokens: int,
-         dt: float) -> BenchRow:
+         dt: float, note: str = "") -> BenchRow:
     steps = new_tokens - 1
     row = BenchRow(engine, head, vocab, batch, threads, new_tokens, 1000 * dt / steps,
-                   batch * steps / dt)
+                   batch * steps / dt, note)
     log.info("%s %s B=%d: %.1f tok/s, %.1f ms/step", engine, head, batch, row.decode_tok_s,
              row.ms_per_step)
     return row
@@ -183,17 +189,18 @@ def _bench_heads(ckpt: Checkpoint, batches: list[int], new_tokens: int, threads:
         if heads and h.name not in heads:
             continue
         ids = _prompt(ckpt, h)
+        runs: dict[str, Runner] = {}
         for engine in engines:
             if engine in (PLUGIN, STOCK):
-                if engine not in vllm:
-                    continue
-                run = vllm[engine].runner(h.name)
+                if engine in vllm:
+                    runs[engine] = vllm[engine].runner(h.name)
             elif engine == "local":
-                run = _local_runner(ckpt, h.name, max(batches), len(ids) + new_tokens, timings)
+                runs[engine] = _local_runner(ckpt, h.name, max(batches), len(ids) + new_tokens,
+                                             timings)
             else:
-                run = _hf_runner(ckpt, h)
-            for b in batches:
-                dt = _measure(run, ids, b, new_tokens, repeats)
+                runs[engine] = _hf_runner(ckpt, h)
+        for b in batches:
+            for engine, dt in _measure(runs, ids, b, new_tokens, repeats).items():
                 rows.append(_row(engine, h.name, h.vocab_size, b, threads, new_tokens, dt))
 
 
@@ -209,7 +216,12 @@ def _bench_mixed(ckpt: Checkpoint, batches: list[int], new_tokens: int, threads:
     small, large = chosen[0], chosen[-1]
     run = plugin.mixed_runner([small.name, large.name])
     ids = _prompt(ckpt, small)
+    alone = plugin.runner(large.name)
     for b in (b for b in batches if b >= 2):
-        dt = _measure(run, ids, b, new_tokens, repeats)
-        rows.append(_row(MIXED, f"{small.name}+{large.name}", large.vocab_size, b, threads,
-                         new_tokens, dt))
+        # The largest head alone on the same prompt, in turns with the mix: the verdict's
+        # denominator, measured under the same load.
+        dt = _measure({MIXED: run, PLUGIN: alone}, ids, b, new_tokens, repeats)
+        alone_ms = 1000 * dt[PLUGIN] / (new_tokens - 1)
+        row = _row(MIXED, f"{small.name}+{large.name}", large.vocab_size, b, threads,
+                   new_tokens, dt[MIXED], f"{large.name} alone: {alone_ms:.1f} ms/step")
+        rows.append(dataclasses.replace(row, alone_ms_per_step=alone_ms))

@@ -27,6 +27,8 @@ class BenchRow:
     ms_per_step: float
     decode_tok_s: float
     note: str = ""
+    # A mixed row's largest head alone, on the same prompt and in turns with the mix.
+    alone_ms_per_step: float | None = None
 
 
 def _cell(rows: list[BenchRow], engine: str, head: str, batch: int) -> BenchRow | None:
@@ -44,10 +46,9 @@ def ratio(rows: list[BenchRow], row: BenchRow, baseline: str = BASELINE) -> floa
 
 def mixed_ratio(rows: list[BenchRow], row: BenchRow) -> float | None:
     """A mixed row's ms/step ÷ the plugin's ms/step on its largest head alone, same B."""
-    alone = _cell(rows, PLUGIN, row.head.split("+")[-1], row.batch)
-    if row.engine != MIXED or alone is None:
+    if row.engine != MIXED or not row.alone_ms_per_step:
         return None
-    return row.ms_per_step / alone.ms_per_step
+    return row.ms_per_step / row.alone_ms_per_step
 
 
 def table(rows: list[BenchRow]) -> str:
