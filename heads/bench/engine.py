@@ -9,17 +9,17 @@ B (N - 1) / (t_N - t_1) for every engine alike. EOS never stops a run.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
-import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from heads.bench.engine_report import MIXED, PLUGIN, STOCK, BenchRow
 from heads.engine.config import EngineConfig
 from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest, StepTiming
@@ -30,20 +30,6 @@ from kernels.row_params import RowParams
 log = logging.getLogger(__name__)
 
 PROMPT = "Once upon a time, in a small village by the sea,"
-BASELINE = "transformers"
-
-
-@dataclass(frozen=True, slots=True)
-class BenchRow:
-    engine: str
-    head: str
-    vocab_size: int
-    batch: int
-    threads: int
-    new_tokens: int
-    ms_per_step: float
-    decode_tok_s: float
-    note: str = ""
 
 
 Runner = Callable[[list[int], int, int], float]  # (prompt ids, batch, new tokens) -> seconds
@@ -135,13 +121,18 @@ def _hf_runner(ckpt: Checkpoint, head: HeadSpec) -> Runner:
     return run
 
 
-def _measure(run: Runner, ids: list[int], batch: int, n: int, repeats: int) -> float:
-    """Best of `repeats` of (t_n - t_1), after one warm-up."""
-    run(ids, batch, 2)
-    best = float("inf")
+def _measure(runs: dict[str, Runner], ids: list[int], batch: int, n: int,
+             repeats: int) -> dict[str, float]:
+    """Engine -> best of `repeats` of (t_n - t_1), after one warm-up each. The engines take
+    turns within every repeat, so a load change on a shared machine lands on all of them
+    and their ratios stay fair."""
+    for run in runs.values():
+        run(ids, batch, 2)
+    best = dict.fromkeys(runs, float("inf"))
     for _ in range(repeats):
-        best = min(best, run(ids, batch, n) - run(ids, batch, 1))
-    return max(best, 1e-9)
+        for engine, run in runs.items():
+            best[engine] = min(best[engine], run(ids, batch, n) - run(ids, batch, 1))
+    return {e: max(t, 1e-9) for e, t in best.items()}
 
 
 def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
@@ -152,115 +143,85 @@ def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
     torch.set_num_threads(threads)
     ckpt = load_checkpoint(model_dir, compute_dtype=dtype)
     rows: list[BenchRow] = []
-    vllm = None
-    if "vllm" in engines and importlib.util.find_spec("vllm") is None:
-        log.warning("vllm is not importable here; skipping it")
-        rows.append(BenchRow("vllm", "*", 0, 0, threads, new_tokens, float("nan"),
-                             float("nan"), "skipped: vllm is not installed"))
-    elif "vllm" in engines:
-        from heads.bench.vllm_runner import VllmBench
+    vllm: dict[str, Any] = {}
+    wanted = [e for e in (PLUGIN, STOCK) if e in engines]
+    if wanted and importlib.util.find_spec("vllm") is None:
+        log.warning("vllm is not importable here; skipping %s", wanted)
+        rows += [BenchRow(e, "*", 0, 0, threads, new_tokens, float("nan"), float("nan"),
+                          "skipped: vllm is not installed") for e in wanted]
+    elif wanted:
+        from heads.bench.vllm_runner import StockVllmBench, VllmBench
 
         longest = max(len(t.encode(PROMPT)) for t in ckpt.tokenizers.values()) + 1
-        vllm = VllmBench(model_dir, dtype, max(batches), longest + new_tokens)
+        kinds = {PLUGIN: VllmBench, STOCK: StockVllmBench}
+        vllm = {e: kinds[e](model_dir, dtype, max(batches), longest + new_tokens) for e in wanted}
     try:
         _bench_heads(ckpt, batches, new_tokens, threads, engines, repeats, heads, timings,
                      vllm, rows)
+        if PLUGIN in vllm:
+            _bench_mixed(ckpt, batches, new_tokens, threads, repeats, heads, vllm[PLUGIN], rows)
     finally:
-        if vllm is not None:
-            vllm.close()
+        for v in vllm.values():
+            v.close()
     return rows
+
+
+def _prompt(ckpt: Checkpoint, h: HeadSpec) -> list[int]:
+    ids = ckpt.tokenizers[h.name].encode(PROMPT)
+    return [h.bos_token_id, *ids] if h.bos_token_id is not None else ids
+
+
+def _row(engine: str, head: str, vocab: int, batch: int, threads: int, new_tokens: int,
+         dt: float, note: str = "") -> BenchRow:
+    steps = new_tokens - 1
+    row = BenchRow(engine, head, vocab, batch, threads, new_tokens, 1000 * dt / steps,
+                   batch * steps / dt, note)
+    log.info("%s %s B=%d: %.1f tok/s, %.1f ms/step", engine, head, batch, row.decode_tok_s,
+             row.ms_per_step)
+    return row
 
 
 def _bench_heads(ckpt: Checkpoint, batches: list[int], new_tokens: int, threads: int,
                  engines: list[str], repeats: int, heads: list[str] | None,
-                 timings: list[StepTiming] | None, vllm: Any, rows: list[BenchRow]) -> None:
+                 timings: list[StepTiming] | None, vllm: dict[str, Any],
+                 rows: list[BenchRow]) -> None:
     for h in sorted(ckpt.manifest.heads, key=lambda h: h.vocab_size):
         if heads and h.name not in heads:
             continue
-        ids = ckpt.tokenizers[h.name].encode(PROMPT)
-        if h.bos_token_id is not None:
-            ids = [h.bos_token_id, *ids]
+        ids = _prompt(ckpt, h)
+        runs: dict[str, Runner] = {}
         for engine in engines:
-            if engine == "vllm" and vllm is None:
-                continue
-            if engine == "vllm":
-                assert vllm is not None
-                run = vllm.runner(h.name)
+            if engine in (PLUGIN, STOCK):
+                if engine in vllm:
+                    runs[engine] = vllm[engine].runner(h.name)
             elif engine == "local":
-                run = _local_runner(ckpt, h.name, max(batches), len(ids) + new_tokens, timings)
+                runs[engine] = _local_runner(ckpt, h.name, max(batches), len(ids) + new_tokens,
+                                             timings)
             else:
-                run = _hf_runner(ckpt, h)
-            for b in batches:
-                dt = _measure(run, ids, b, new_tokens, repeats)
-                steps = new_tokens - 1
-                row = BenchRow(engine, h.name, h.vocab_size, b, threads, new_tokens,
-                               1000 * dt / steps, b * steps / dt)
-                log.info("%s %s B=%d: %.1f tok/s, %.1f ms/step", engine, h.name, b,
-                         row.decode_tok_s, row.ms_per_step)
-                rows.append(row)
+                runs[engine] = _hf_runner(ckpt, h)
+        for b in batches:
+            for engine, dt in _measure(runs, ids, b, new_tokens, repeats).items():
+                rows.append(_row(engine, h.name, h.vocab_size, b, threads, new_tokens, dt))
 
 
-def ratio(rows: list[BenchRow], row: BenchRow, baseline: str = BASELINE) -> float | None:
-    base = [r for r in rows if r.engine == baseline and r.head == row.head
-            and r.batch == row.batch]
-    if not base or row.decode_tok_s != row.decode_tok_s:
-        return None
-    return row.decode_tok_s / base[0].decode_tok_s
-
-
-def table(rows: list[BenchRow]) -> str:
-    lines = [f"{'engine':<13}{'head':<7}{'V':>8}{'B':>5}{'thr':>4}{'ms/step':>10}"
-             f"{'tok/s':>10}{'vs ' + BASELINE:>17}{'vs vllm':>9}  note"]
-    for r in rows:
-        x, v = ratio(rows, r), ratio(rows, r, "vllm")
-        lines.append(f"{r.engine:<13}{r.head:<7}{r.vocab_size:>8}{r.batch:>5}{r.threads:>4}"
-                     f"{r.ms_per_step:>10.1f}{r.decode_tok_s:>10.1f}"
-                     f"{'-' if x is None else f'{x:.2f}x':>17}"
-                     f"{'-' if v is None else f'{v:.2f}x':>9}  {r.note}")
-    return "\n".join(lines)
-
-
-def vllm_target(rows: list[BenchRow], target: float = 1.0) -> str | None:
-    """The local engine against vLLM: MET when every (head, B) cell is >= target."""
-    cells: list[tuple[BenchRow, float]] = []
-    for r in rows:
-        x = ratio(rows, r, "vllm") if r.engine == "local" else None
-        if x is not None:
-            cells.append((r, x))
-    if not cells:
-        return None
-    worst, x = min(cells, key=lambda c: c[1])
-    verdict = "MET" if x >= target else "MISSED"
-    return (f"target local >= {target:.1f}x vllm decode tok/s in every cell: {verdict} "
-            f"(lowest {x:.2f}x at {worst.head} B={worst.batch}, {len(cells)} cells)")
-
-
-def write(rows: list[BenchRow], out: Path) -> tuple[Path, Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
-    js = out / "bench_engine.json"
-    js.write_text(json.dumps([{**asdict(r), "ratio_vs_" + BASELINE: ratio(rows, r),
-                               "ratio_vs_vllm": ratio(rows, r, "vllm")}
-                              for r in rows], indent=2) + "\n")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key in dict.fromkeys((r.engine, r.head) for r in rows):
-        rs = [r for r in rows if (r.engine, r.head) == key and r.decode_tok_s == r.decode_tok_s]
-        if rs:
-            ax.plot([r.batch for r in rs], [r.decode_tok_s for r in rs], marker="o",
-                    linestyle="-" if key[0] == "local" else "--", label=f"{key[0]} {key[1]}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("batch B")
-    ax.set_ylabel("decode tokens / s")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"decode speed, {rows[0].threads} thread(s), {rows[0].new_tokens} new tokens")
-    fig.tight_layout()
-    png = out / "bench_engine.png"
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return js, png
+def _bench_mixed(ckpt: Checkpoint, batches: list[int], new_tokens: int, threads: int,
+                 repeats: int, heads: list[str] | None, plugin: Any,
+                 rows: list[BenchRow]) -> None:
+    """The plugin on batches alternating the smallest and the largest head, each request on
+    the smallest head's prompt (its local IDs are valid in the larger head too)."""
+    chosen = sorted((h for h in ckpt.manifest.heads if not heads or h.name in heads),
+                    key=lambda h: h.vocab_size)
+    if len(chosen) < 2:
+        return
+    small, large = chosen[0], chosen[-1]
+    run = plugin.mixed_runner([small.name, large.name])
+    ids = _prompt(ckpt, small)
+    alone = plugin.runner(large.name)
+    for b in (b for b in batches if b >= 2):
+        # The largest head alone on the same prompt, in turns with the mix: the verdict's
+        # denominator, measured under the same load.
+        dt = _measure({MIXED: run, PLUGIN: alone}, ids, b, new_tokens, repeats)
+        alone_ms = 1000 * dt[PLUGIN] / (new_tokens - 1)
+        row = _row(MIXED, f"{small.name}+{large.name}", large.vocab_size, b, threads,
+                   new_tokens, dt[MIXED], f"{large.name} alone: {alone_ms:.1f} ms/step")
+        rows.append(dataclasses.replace(row, alone_ms_per_step=alone_ms))

@@ -9,12 +9,17 @@ head h is row g - off_h of h's matrix. Three places differ from a stock vLLM mod
   input token (`bucketize`). The runner slices hidden states to the sampled positions before
   `compute_logits`, and the channel travels with them: a request's next token belongs to the
   head of its current token;
-- `compute_logits` multiplies each head group only by that head's V_h rows and leaves -inf
-  in every other head's range, so sampling can never leave the request's head; an adapted
-  head adds its bias (and first maps h through its hidden adapter).
+- `compute_logits` multiplies each request only by its head's V_h rows and leaves -inf in
+  every other head's range, so sampling can never leave the request's head; an adapted
+  head adds its bias (and first maps h through its hidden adapter). The rows are cut into
+  nested blocks, each multiplied once per step through vLLM's own GEMM dispatch
+  (heads/vllm_plugin/nested_logits.py).
 
-Only tensor parallel size 1 and one pipeline stage are supported: the head matrices are plain
-tensors, not vocab-parallel shards.
+Tensor parallel: the first head matrix is the decoder's own VocabParallelEmbedding (each
+rank holds its shard; lookups go through it), and the logits are vocab-parallel block by
+block (nested_logits.py: each rank multiplies its 1/tp piece of every nested block, the
+pieces are all-gathered). Further head matrices and adapter tensors are replicated. One
+pipeline stage only.
 """
 
 from __future__ import annotations
@@ -25,10 +30,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vllm.config import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.distributed import (
+    get_pp_group,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_gather,
+)
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 from heads.vllm_plugin.layout import CONFIG_KEY, VocabLayout
+from heads.vllm_plugin.nested_logits import BlockRows, NestedLogits
 
 EMBED_TOKENS = "model.embed_tokens.weight"
 
@@ -48,8 +59,8 @@ def _decoder_class(model_type: str) -> type[nn.Module]:
 class PolyheadForCausalLM(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
-        if get_tensor_model_parallel_world_size() != 1:
-            raise ValueError("polyhead heads support tensor_parallel_size=1 only")
+        if get_pp_group().world_size != 1:
+            raise ValueError("polyhead heads support pipeline_parallel_size=1 only")
         config = vllm_config.model_config.hf_config
         self.layout = VocabLayout.from_json(getattr(config, CONFIG_KEY))
         self.total_vocab = self.layout.total_vocab
@@ -90,6 +101,7 @@ class PolyheadForCausalLM(nn.Module):
         self.register_buffer("offsets", torch.tensor([h.offset for h in self.layout.heads],
                                                      dtype=torch.int64), persistent=False)
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+        self.nested: NestedLogits | None = None
 
     def _matrix(self, i: int) -> torch.Tensor:
         return self.model.embed_tokens.weight if i == 0 else self.head_matrices[str(i)]
@@ -103,14 +115,21 @@ class PolyheadForCausalLM(nn.Module):
         local = input_ids - self.offsets[head]
         matrices = {h.embedding for h in self.layout.heads}
         if len(matrices) == 1:  # the nested case: one gather serves every head
-            x = F.embedding(local, self._matrix(matrices.pop()))
+            x = self._embed(matrices.pop(), local)
         else:
             x = torch.empty(input_ids.shape[0], self._matrix(0).shape[1],
                             dtype=self._matrix(0).dtype, device=input_ids.device)
             for i, h in enumerate(self.layout.heads):
                 rows = head == i
-                x[rows] = F.embedding(local[rows], self._matrix(h.embedding))
+                x[rows] = self._embed(h.embedding, local[rows])
         return x * self.model.normalizer if self.is_gemma else x
+
+    def _embed(self, matrix: int, local: torch.Tensor) -> torch.Tensor:
+        # Matrix 0 is the decoder's VocabParallelEmbedding: under TP it masks the IDs outside
+        # this rank's shard and all-reduces; the others are whole on every rank.
+        if matrix == 0:
+            return self.model.embed_tokens(local)
+        return F.embedding(local, self._matrix(matrix))
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 intermediate_tensors: object = None, inputs_embeds: torch.Tensor | None = None,
@@ -126,31 +145,46 @@ class PolyheadForCausalLM(nn.Module):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # hidden_states: [N, d + 1] at the sampled positions -> logits [N, ΣV_h]
         h, head = hidden_states[:, :-1], hidden_states[:, -1].round().long()
-        out = h.new_full((h.shape[0], self.total_vocab), float("-inf"))
-        if h.shape[0] == 0:
-            return out
-        lo, hi = int(head.min()), int(head.max())
-        groups = [lo] if lo == hi else [int(i) for i in head.unique().tolist()]
-        for i in groups:
-            spec = self.layout.heads[i]
-            weight = self._matrix(spec.unembedding)[: spec.vocab_size]  # [V_h, d], a view
-            cols = slice(spec.offset, spec.offset + spec.vocab_size)
-            if lo == hi:  # one head in the batch: no row split
-                out[:, cols] = self._cap(self._head_logits(i, h, weight))
-            else:
-                rows = (head == i).nonzero(as_tuple=True)[0]
-                out[rows, cols] = self._cap(self._head_logits(i, h[rows], weight))
-        return out
+        if self.nested is None:  # first call after load_weights: the GEMM handles
+            self.nested = self._nested_logits()
+        return self.nested(h, head)
 
-    def _head_logits(self, i: int, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # h: [n, d] -> [n, V_h]; the same steps, in the same order, as heads/model/adapter.py
+    def _nested_logits(self) -> NestedLogits:
+        from vllm.model_executor.layers.utils import (
+            dispatch_cpu_unquantized_gemm,
+            dispatch_unquantized_gemm,
+        )
+        from vllm.platforms import current_platform
+
+        def prepare(block: BlockRows) -> None:
+            if current_platform.is_cpu():  # what stock vLLM does to its lm_head on CPU
+                dispatch_cpu_unquantized_gemm(block, remove_weight=False)  # type: ignore[arg-type]
+
+        tp = get_tensor_model_parallel_world_size()
+        matrices = [self._whole_matrix(i, tp) for i in range(len(self.layout.matrices))]
+        return NestedLogits(self.layout, matrices, dispatch_unquantized_gemm(), prepare,
+                            self._finish, self._adapt, get_tensor_model_parallel_rank(), tp,
+                            lambda y: tensor_model_parallel_all_gather(y, dim=-1))
+
+    def _whole_matrix(self, i: int, tp: int) -> torch.Tensor:
+        """Head matrix i, every row: under TP matrix 0 is gathered once from the ranks'
+        embedding shards (each rank then keeps only its pieces of the nested blocks)."""
+        rows = self.layout.matrices[i][1]
+        m = self._matrix(i)
+        if i == 0 and tp > 1:
+            m = tensor_model_parallel_all_gather(m.contiguous(), dim=0)
+        return m[:rows]
+
+    def _adapt(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        # h: [n, d] -> [n, d]; the hidden adapter of heads/model/adapter.py, same order
         key = str(i)
-        if key in self.head_down:
-            h = h + (h @ self.head_down[key].T) @ self.head_up[key].T
-        logits = F.linear(h, weight)
-        return logits + self.head_biases[key] if key in self.head_biases else logits
+        return h + (h @ self.head_down[key].T) @ self.head_up[key].T
 
-    def _cap(self, logits: torch.Tensor) -> torch.Tensor:
+    def _finish(self, i: int, logits: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        # logits: [n, stop - start], head i's local columns [start, stop): bias, then softcap
+        key = str(i)
+        if key in self.head_biases:
+            logits = logits + self.head_biases[key][start:stop]
         if not self.softcap:
             return logits
         return torch.tanh(logits / self.softcap) * self.softcap
@@ -172,4 +206,5 @@ class PolyheadForCausalLM(nn.Module):
                 raise ValueError(f"polyhead: unexpected tensor {name!r} in the checkpoint")
             default_weight_loader(params[name], tensor)
             loaded.add(name)
+        self.nested = None  # the GEMM handles copy the rows: rebuild from the new weights
         return loaded

@@ -1,4 +1,5 @@
-"""polyhead bench engine: decode speed per head, local engine vs transformers (and vLLM);
+"""polyhead bench engine: decode speed per head, local engine vs transformers, stock vLLM on
+each head's own export, and vLLM with polyhead's multi-head plugin (plus a mixed-head batch);
 with the local engine also prefix-cache TTFT (cold vs warm) and KV bytes per request."""
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--batches", type=_ints, default=[1, 4, 16, 64], help="e.g. 1,4,16,64")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per request (>= 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for every engine")
-    p.add_argument("--backends", "--backend", default="local,transformers,vllm",
-                   help="comma-separated: local, transformers, vllm")
+    p.add_argument("--backends", "--backend", default="local,transformers,vllm,vllm-stock",
+                   help="comma-separated: local, transformers, vllm (the multi-head plugin; "
+                        "also times a batch mixing the smallest and largest head), vllm-stock "
+                        "(stock vLLM on each head's `export vllm --per-head` directory, the "
+                        "baseline of the targets)")
     p.add_argument("--heads", help="comma-separated head names (default: all)")
     p.add_argument("--repeats", type=int, default=1, help="best of this many timed runs")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "stored"], default="float32",
@@ -42,13 +46,14 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from heads.bench.engine import bench, table, vllm_target, write
+    from heads.bench.engine import bench
+    from heads.bench.engine_report import table, verdicts, write
     from server.commands.errors import CliError
     from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
     engines = [e.strip() for e in args.backends.split(",") if e.strip()]
-    unknown = set(engines) - {"local", "transformers", "vllm"}
+    unknown = set(engines) - {"local", "transformers", "vllm", "vllm-stock"}
     if unknown or args.tokens < 2 or not args.batches or min(args.batches) < 1:
         raise CliError(f"bad arguments: engines {sorted(unknown)}, --tokens >= 2, batches >= 1")
     model = args.model
@@ -69,7 +74,7 @@ def _run(args: argparse.Namespace) -> None:
         rows = bench(model, args.batches, args.tokens, args.threads, engines, args.repeats,
                      heads, dtype, timings)
         print(table(rows))
-        if (verdict := vllm_target(rows)) is not None:
+        for verdict in verdicts(rows):
             print(verdict)
         js, png = write(rows, args.out)
         print(f"wrote {js} and {png}")

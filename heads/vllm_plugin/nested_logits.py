@@ -1,0 +1,172 @@
+"""Every head's logits from row blocks of its (shared, nested) matrix, each block multiplied
+once per step, through vLLM's own GEMM dispatch.
+
+Nested heads read the first V_h rows of one matrix. Cutting that matrix at every head's V_h
+gives blocks [c_{k-1}, c_k); block k is multiplied only by the hidden states of the requests
+whose head covers it (V_h >= c_k), once for all of them. A batch mixing the 32k and 262k
+heads then reads each row once, as the 262k head alone does, and a 32k request pays only for
+its first block.
+
+Each block's GEMM goes through `dispatch_unquantized_gemm`, the path stock vLLM's lm_head
+takes: on CPU a oneDNN handle with its own prepacked copy of the block (the same copy stock
+vLLM keeps of a tied lm_head), elsewhere `F.linear`. The profile of the plugin against stock
+vLLM on the Gemma-3 262k head (fp32, one thread) showed plain `F.linear` (aten::mm) at 1.6x
+the time of the oneDNN call on the same [262144, 640] matrix at B=16; one handle per block,
+not per head, so no row is packed twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from heads.vllm_plugin.layout import VocabLayout
+
+Gemm = Callable[..., torch.Tensor]  # vLLM's (layer, x [n, d], weight [V, d], bias) -> [n, V]
+
+
+class BlockRows:
+    """Rows [start, stop) of one head matrix, or under tensor parallelism this rank's piece
+    of them: the `layer` vLLM's GEMM dispatch prepares.
+
+    Vocab-parallel as vLLM's ParallelLMHead, block by block: with tp ranks, rank r holds rows
+    [start + r P, start + (r + 1) P) of the block, P = ceil((stop - start) / tp), the last
+    piece zero-padded to P rows, so every rank multiplies 1/tp of every block and an
+    all-gather of the [n, P] pieces, trimmed to stop - start, is the block's logits."""
+
+    def __init__(self, weight: torch.Tensor, start: int, stop: int, rank: int = 0,
+                 tp: int = 1) -> None:
+        piece = -(-(stop - start) // tp)
+        a = min(start + rank * piece, stop)
+        rows = weight[a: min(a + piece, stop)]  # [<= P, d], a view
+        if tp > 1:  # an owned (padded) copy, so the gathered whole matrix can go
+            rows = torch.cat([rows, rows.new_zeros(piece - rows.shape[0], rows.shape[1])])
+        self.weight = rows
+        self.bias = None
+        self.start, self.stop = start, stop
+
+
+@dataclass(frozen=True, slots=True)
+class HeadGroup:
+    """Heads whose requests share one input to the GEMM: the plain heads of one matrix, or a
+    single head with a hidden adapter (its own transformed hidden state)."""
+
+    matrix: int
+    members: tuple[int, ...]  # head indices into the layout
+    hidden_adapter: bool
+
+
+def head_groups(layout: VocabLayout) -> list[HeadGroup]:
+    plain: dict[int, list[int]] = {}
+    groups = []
+    for i, h in enumerate(layout.heads):
+        if h.adapter == "hidden":
+            groups.append(HeadGroup(h.unembedding, (i,), True))
+        else:
+            plain.setdefault(h.unembedding, []).append(i)
+    return [HeadGroup(m, tuple(ms), False) for m, ms in plain.items()] + groups
+
+
+def block_cuts(layout: VocabLayout) -> dict[int, list[int]]:
+    """Matrix index -> its cut points: every V_h read from it, ascending."""
+    cuts: dict[int, set[int]] = {}
+    for h in layout.heads:
+        cuts.setdefault(h.unembedding, set()).add(h.vocab_size)
+    return {m: sorted(c) for m, c in cuts.items()}
+
+
+class NestedLogits:
+    """`__call__(h [n, d], head [n]) -> logits [n, ΣV_h]`, -inf outside each row's head."""
+
+    def __init__(self, layout: VocabLayout, matrices: list[torch.Tensor], gemm: Gemm,
+                 prepare: Callable[[BlockRows], None],
+                 finish: Callable[[int, torch.Tensor, int, int], torch.Tensor],
+                 adapt: Callable[[int, torch.Tensor], torch.Tensor], rank: int = 0,
+                 tp: int = 1, gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+                 ) -> None:
+        """`matrices`: every head matrix, whole (each rank cuts its own pieces);
+        `prepare(block)` readies a block for `gemm` (vLLM's CPU dispatch); `finish(i, y,
+        start, stop)` adds head i's bias over local columns [start, stop) and soft-caps;
+        `adapt(i, h)` maps h through head i's hidden adapter; `gather` all-gathers the
+        ranks' [n, P] pieces along the last dim (tp > 1)."""
+        self.layout, self.gemm, self.finish, self.adapt = layout, gemm, finish, adapt
+        self.gather = gather if tp > 1 else None
+        if tp > 1 and gather is None:
+            raise ValueError("tensor parallel logits need a gather")
+        self.total = layout.total_vocab
+        self.groups = head_groups(layout)
+        self.blocks: dict[int, list[BlockRows]] = {}
+        for m, cuts in block_cuts(layout).items():
+            starts = [0, *cuts[:-1]]
+            self.blocks[m] = [BlockRows(matrices[m], a, b, rank, tp)
+                              for a, b in zip(starts, cuts, strict=True)]
+            for block in self.blocks[m]:
+                prepare(block)
+        self.vocab = torch.tensor([h.vocab_size for h in layout.heads], dtype=torch.int64)
+
+    def __call__(self, h: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        if h.shape[0] == 0:
+            return h.new_empty((0, self.total))
+        lo, hi = int(head.min()), int(head.max())
+        present = {lo} if lo == hi else {int(i) for i in head.unique().tolist()}
+        if lo == hi:  # the blocks write the head's whole range: -inf only around it
+            spec = self.layout.heads[lo]
+            out = h.new_empty((h.shape[0], self.total))
+            out[:, : spec.offset] = float("-inf")
+            out[:, spec.offset + spec.vocab_size:] = float("-inf")
+        else:
+            out = h.new_full((h.shape[0], self.total), float("-inf"))
+        for g in self.groups:
+            members = [i for i in g.members if i in present]
+            if not members:
+                continue
+            if len(present) == 1:  # one head in the batch: no row split anywhere
+                x = self.adapt(members[0], h) if g.hidden_adapter else h
+                self._single(out, members[0], x.contiguous(), self.blocks[g.matrix])
+            else:
+                self._mixed(out, members, h, head, g)
+        return out
+
+    def _gemm(self, b: BlockRows, x: torch.Tensor) -> torch.Tensor:
+        y = self.gemm(b, x, b.weight, None)  # [n, P]: this rank's piece of the block
+        if self.gather is None:
+            return y
+        return self.gather(y)[:, : b.stop - b.start]  # [n, stop - start]
+
+    def _single(self, out: torch.Tensor, i: int, x: torch.Tensor,
+                blocks: list[BlockRows]) -> None:
+        spec = self.layout.heads[i]
+        for b in blocks:
+            if b.stop > spec.vocab_size:
+                break
+            y = self._gemm(b, x)  # [n, stop - start]
+            out[:, spec.offset + b.start: spec.offset + b.stop] = self.finish(i, y, b.start,
+                                                                                b.stop)
+
+    def _mixed(self, out: torch.Tensor, members: list[int], h: torch.Tensor,
+               head: torch.Tensor, g: HeadGroup) -> None:
+        mine = torch.isin(head, torch.tensor(members, device=head.device))
+        rows = mine.nonzero(as_tuple=True)[0]  # [n_g] rows of this group
+        x = h[rows]
+        if g.hidden_adapter:
+            x = self.adapt(members[0], x)
+        x = x.contiguous()
+        row_head = head[rows]
+        row_vocab = self.vocab.to(head.device)[row_head]  # [n_g] each row's V_h
+        top = max(self.layout.heads[i].vocab_size for i in members)
+        for b in self.blocks[g.matrix]:
+            if b.stop > top:
+                break
+            sub = (row_vocab >= b.stop).nonzero(as_tuple=True)[0]  # rows this block serves
+            y = self._gemm(b, x[sub].contiguous())  # [n_sub, stop - start]
+            sub_head = row_head[sub]
+            for i in members:
+                spec = self.layout.heads[i]
+                if spec.vocab_size < b.stop:
+                    continue
+                sel = (sub_head == i).nonzero(as_tuple=True)[0]
+                if sel.numel():
+                    cols = slice(spec.offset + b.start, spec.offset + b.stop)
+                    out[rows[sub[sel]], cols] = self.finish(i, y[sel], b.start, b.stop)

@@ -1,0 +1,136 @@
+"""The plugin's nested-block logits against a per-head reference (plain torch, no vLLM)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from heads.vllm_plugin.layout import HeadRange, VocabLayout
+from heads.vllm_plugin.nested_logits import BlockRows, NestedLogits, block_cuts, head_groups
+
+D = 24
+TOL = dict(rtol=1e-4, atol=1e-4)  # batched vs row-by-row matmuls round differently
+
+
+def _layout() -> VocabLayout:
+    # Three nested heads on matrix 0 (odd sizes), a low-rank-style head with its own matrix 1
+    # and a bias, and a hidden-adapted head reading matrix 0's first 37 rows.
+    heads = (HeadRange("a", 0, 37, 0, 0, (1,)), HeadRange("b", 37, 101, 0, 0, (1,)),
+             HeadRange("c", 138, 250, 0, 0, (1,)),
+             HeadRange("d", 388, 64, 0, 1, (1,), "lowrank"),
+             HeadRange("e", 452, 37, 0, 0, (1,), "hidden", 3))
+    layout = VocabLayout(heads, (("m0", 250), ("m1", 64)))
+    layout.validate()
+    return layout
+
+
+class _Ref:
+    def __init__(self, layout: VocabLayout) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.layout = layout
+        self.matrices = [torch.randn(r, D, generator=g) for _, r in layout.matrices]
+        self.bias = {3: torch.randn(64, generator=g), 4: torch.randn(37, generator=g)}
+        self.down, self.up = torch.randn(3, D, generator=g), torch.randn(D, 3, generator=g)
+        self.softcap = 5.0
+        self.gemm_rows: list[int] = []  # rows of every GEMM call, to count matrix reads
+
+    def gemm(self, layer: BlockRows, x: torch.Tensor, w: torch.Tensor,
+             bias: object) -> torch.Tensor:
+        assert x.is_contiguous() and w is layer.weight
+        self.gemm_rows.append(w.shape[0])
+        return F.linear(x, w)
+
+    def adapt(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        assert i == 4
+        return h + (h @ self.down.T) @ self.up.T
+
+    def finish(self, i: int, y: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        if i in self.bias:
+            y = y + self.bias[i][start:stop]
+        return torch.tanh(y / self.softcap) * self.softcap
+
+    def nested(self) -> NestedLogits:
+        return NestedLogits(self.layout, self.matrices, self.gemm, lambda b: None, self.finish,
+                            self.adapt)
+
+    def expected(self, h: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        out = torch.full((h.shape[0], self.layout.total_vocab), float("-inf"))
+        for r in range(h.shape[0]):
+            i = int(head[r])
+            spec = self.layout.heads[i]
+            x = self.adapt(i, h[r:r + 1]) if spec.adapter == "hidden" else h[r:r + 1]
+            y = F.linear(x, self.matrices[spec.unembedding][: spec.vocab_size])
+            out[r, spec.offset: spec.offset + spec.vocab_size] = self.finish(
+                i, y, 0, spec.vocab_size)[0]
+        return out
+
+
+def test_blocks_cut_each_matrix_at_every_head_size() -> None:
+    layout = _layout()
+    assert block_cuts(layout) == {0: [37, 101, 250], 1: [64]}
+    groups = head_groups(layout)
+    assert [(g.matrix, g.members, g.hidden_adapter) for g in groups] == [
+        (0, (0, 1, 2), False), (1, (3,), False), (0, (4,), True)]
+
+
+def test_single_head_batches_equal_the_reference() -> None:
+    ref = _Ref(_layout())
+    nested = ref.nested()
+    # Rows sliced off a wider tensor, as the plugin's [N, d + 1] hidden states are.
+    h = torch.randn(7, D + 1, generator=torch.Generator().manual_seed(1))[:, :-1]
+    for i in range(5):
+        head = torch.full((7,), i)
+        torch.testing.assert_close(nested(h, head), ref.expected(h, head), **TOL)
+
+
+def test_mixed_batches_equal_the_reference_and_read_each_block_once() -> None:
+    ref = _Ref(_layout())
+    nested = ref.nested()
+    h = torch.randn(11, D, generator=torch.Generator().manual_seed(2))
+    head = torch.tensor([2, 0, 4, 1, 2, 3, 0, 2, 4, 1, 3])
+    ref.gemm_rows.clear()
+    torch.testing.assert_close(nested(h, head), ref.expected(h, head), **TOL)
+    # Matrix 0's three blocks once for heads a, b, c together; matrix 1 once; the hidden
+    # head its own first block: no head's rows are multiplied per head.
+    assert sorted(ref.gemm_rows) == sorted([37, 64, 149, 37, 64])
+    # Rows of the 262k-like head see every block, so a mix costs no more GEMM calls than it.
+    mix = torch.tensor([0, 2, 0, 2])
+    ref.gemm_rows.clear()
+    torch.testing.assert_close(nested(h[:4], mix), ref.expected(h[:4], mix), **TOL)
+    assert ref.gemm_rows == [37, 64, 149]
+
+
+def test_empty_batch() -> None:
+    ref = _Ref(_layout())
+    out = ref.nested()(torch.empty(0, D), torch.empty(0, dtype=torch.int64))
+    assert out.shape == (0, 489)
+
+
+def test_tensor_parallel_pieces_cover_each_block_once() -> None:
+    """Rank r's piece of a block, all-gathered and trimmed, is the block (odd sizes, padding)."""
+    w = torch.randn(250, D)
+    for tp in (1, 2, 3, 4):
+        for start, stop in ((0, 37), (37, 101), (101, 250)):
+            pieces = [BlockRows(w, start, stop, r, tp).weight for r in range(tp)]
+            assert len({p.shape for p in pieces}) == 1  # equal widths, as a gather needs
+            torch.testing.assert_close(torch.cat(pieces)[: stop - start], w[start:stop])
+
+
+def test_tensor_parallel_logits_equal_one_rank() -> None:
+    """Two ranks in lockstep: each multiplies its pieces; the fake gather pairs them."""
+    ref = _Ref(_layout())
+    h = torch.randn(9, D, generator=torch.Generator().manual_seed(3))
+    head = torch.tensor([2, 0, 4, 1, 2, 3, 0, 2, 4])
+    other: list[torch.Tensor] = []  # rank 1's pieces, in call order
+
+    def rank1_gemm(layer: BlockRows, x: torch.Tensor, w: torch.Tensor, b: object) -> torch.Tensor:
+        other.append(F.linear(x, w))
+        return other[-1]
+
+    rank1 = NestedLogits(ref.layout, ref.matrices, rank1_gemm, lambda b: None, ref.finish,
+                         ref.adapt, 1, 2, lambda y: torch.cat([torch.zeros_like(y), y], dim=-1))
+    rank1(h, head)  # its own output lacks rank 0's pieces: only its pieces are kept
+    pieces = iter(other)
+    rank0 = NestedLogits(ref.layout, ref.matrices, ref.gemm, lambda b: None, ref.finish,
+                         ref.adapt, 0, 2, lambda y: torch.cat([y, next(pieces)], dim=-1))
+    torch.testing.assert_close(rank0(h, head), ref.expected(h, head), **TOL)
