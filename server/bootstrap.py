@@ -328,8 +328,10 @@ def create_app(settings: Settings, *, span_exporter: Any | None = None) -> FastA
     for r in (completions.router, tokenize.router, models.router, health.router, scrape.router,
               admin_policy.router, admin_ops.router, admin_routing.router):
         app.include_router(r)
+    # The same routes again, pinned by their path: left out of the OpenAPI document, which
+    # would otherwise list every route twice (their schemas are the plain routes').
     for r in (completions.router, tokenize.router):
-        app.include_router(r, prefix=HEAD_PREFIX)
+        app.include_router(r, prefix=HEAD_PREFIX, include_in_schema=False)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.cors_allow_origins:  # off by default: no CORS headers at all
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_allow_origins,
