@@ -4,20 +4,18 @@ own rows."""
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import LocalEngine
 from heads.engine.logprob_tops import position_logprobs
-from heads.engine.types import GenerationRequest, TokenEvent
+from heads.engine.types import GenerationRequest
 from heads.model.adapter import HeadOutput
 from heads.model.forward import forward_logits
 from heads.model.multi_head import MultiHeadModel
 from kernels.row_params import RowParams
+from tests.heads.engine.run_util import run_requests
 from tests.heads.tiny import tiny_model
 
 PROMPT = tuple(range(5, 36))  # 31 tokens: 30 predicted positions
@@ -34,17 +32,6 @@ def reference_logp(model: MultiHeadModel, head: str, ids: list[int]) -> torch.Te
     return torch.log_softmax(forward_logits(ckpt, head, ids), dim=-1)
 
 
-def run(model: MultiHeadModel, *reqs: GenerationRequest) -> list[list[TokenEvent]]:
-    async def go() -> list[list[TokenEvent]]:
-        engine = LocalEngine(model, EngineConfig(num_kv_blocks=64))
-        await engine.start()
-        try:
-            async def one(r: GenerationRequest) -> list[TokenEvent]:
-                return [e async for e in engine.generate(r)]
-            return list(await asyncio.gather(*(one(r) for r in reqs)))
-        finally:
-            await engine.shutdown()
-    return asyncio.run(go())
 
 
 def request(head: str, rid: str = "r", top: int = 3, prompt_top: int | None = 5,
@@ -56,7 +43,7 @@ def request(head: str, rid: str = "r", top: int = 3, prompt_top: int | None = 5,
 
 @pytest.mark.parametrize("head", ["1k", "128"])
 def test_prompt_logprobs_match_full_log_softmax(model, head):
-    (events,) = run(model, request(head))
+    (events,) = run_requests(model, request(head))
     lps = events[0].prompt_logprobs
     assert lps is not None and all(e.prompt_logprobs is None for e in events[1:])
     ref = reference_logp(model, head, list(PROMPT))[:-1]  # row p predicts PROMPT[p + 1]
@@ -71,7 +58,7 @@ def test_prompt_logprobs_match_full_log_softmax(model, head):
 
 
 def test_sampled_tops_are_the_heads_own_distribution(model):
-    (events,) = run(model, request("128", max_tokens=5))
+    (events,) = run_requests(model, request("128", max_tokens=5))
     ids = list(PROMPT)
     for e in events:
         ref = reference_logp(model, "128", ids)[-1]  # [V=128]
@@ -86,7 +73,7 @@ def test_sampled_tops_are_the_heads_own_distribution(model):
 
 
 def test_mixed_batch_each_request_on_its_own_head(model):
-    a, b, c = run(model, request("1k", "a"), request("128", "b", top=0, prompt_top=None),
+    a, b, c = run_requests(model, request("1k", "a"), request("128", "b", top=0, prompt_top=None),
                   request("128", "c", top=2, prompt_top=0))
     assert a[0].prompt_logprobs is not None and a[0].top is not None
     assert b[0].prompt_logprobs is None and all(e.top is None for e in b)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import random
@@ -14,14 +13,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from heads.engine.config import EngineConfig
-from heads.engine.llm_engine import LocalEngine
 from heads.engine.prompt_score import pick_positions, token_nll
-from heads.engine.types import GenerationRequest, PromptScore, TokenEvent
+from heads.engine.types import GenerationRequest, PromptScore
 from heads.model.adapter import HeadOutput
 from heads.model.forward import forward_logits
 from heads.model.multi_head import MultiHeadModel
 from kernels.row_params import RowParams
+from tests.heads.engine.run_util import run_requests
 from tests.heads.tiny import tiny_model
 
 PROMPT = tuple(range(3, 43))  # 40 tokens: 39 predicted positions
@@ -45,22 +43,11 @@ def _req(head: str, prompt: tuple[int, ...], positions: int = 0, seed: int = 7,
                              frozenset(), False, score, positions)
 
 
-def _run(model: MultiHeadModel, *reqs: GenerationRequest) -> list[list[TokenEvent]]:
-    async def go() -> list[list[TokenEvent]]:
-        engine = LocalEngine(model, EngineConfig(num_kv_blocks=64))
-        await engine.start()
-        try:
-            async def one(r: GenerationRequest) -> list[TokenEvent]:
-                return [e async for e in engine.generate(r)]
-            return list(await asyncio.gather(*(one(r) for r in reqs)))
-        finally:
-            await engine.shutdown()
-    return asyncio.run(go())
 
 
 @pytest.mark.parametrize("head", ["1k", "128"])
 def test_exact_score_matches_full_log_softmax(model: MultiHeadModel, head: str):
-    (events,) = _run(model, _req(head, PROMPT))
+    (events,) = run_requests(model, _req(head, PROMPT))
     score = events[0].prompt_score
     assert score is not None and all(e.prompt_score is None for e in events[1:])
     ref = reference_nll(model, head, PROMPT)
@@ -69,7 +56,7 @@ def test_exact_score_matches_full_log_softmax(model: MultiHeadModel, head: str):
 
 
 def test_sampled_score_is_the_scaled_sum_at_the_drawn_positions(model: MultiHeadModel):
-    (events,) = _run(model, _req("1k", PROMPT, positions=8, seed=123))
+    (events,) = run_requests(model, _req("1k", PROMPT, positions=8, seed=123))
     score = events[0].prompt_score
     assert score is not None and (score.predicted, score.scored) == (39, 8)
     picked = pick_positions(39, 8, random.Random(123))
@@ -79,7 +66,7 @@ def test_sampled_score_is_the_scaled_sum_at_the_drawn_positions(model: MultiHead
 
 def test_mixed_head_batch_scores_each_prompt_with_its_own_head(model: MultiHeadModel):
     a, b = PROMPT[:17], tuple(range(50, 75))
-    ev = _run(model, _req("1k", a, rid="a"), _req("400", b, rid="b"),
+    ev = run_requests(model, _req("1k", a, rid="a"), _req("400", b, rid="b"),
               _req("128", (5, 6, 7), score=False, rid="c"))
     for events, head, ids in ((ev[0], "1k", a), (ev[1], "400", b)):
         score = events[0].prompt_score

@@ -1,0 +1,25 @@
+"""Run requests through a real LocalEngine to completion, for the engine's tests."""
+
+from __future__ import annotations
+
+import asyncio
+
+from heads.engine.config import EngineConfig
+from heads.engine.llm_engine import LocalEngine
+from heads.engine.types import GenerationRequest, TokenEvent
+from heads.model.multi_head import MultiHeadModel
+
+
+def run_requests(model: MultiHeadModel, *reqs: GenerationRequest,
+                 num_kv_blocks: int = 64) -> list[list[TokenEvent]]:
+    """Every request's events, all submitted at once (so they share steps)."""
+    async def go() -> list[list[TokenEvent]]:
+        engine = LocalEngine(model, EngineConfig(num_kv_blocks=num_kv_blocks))
+        await engine.start()
+        try:
+            async def one(r: GenerationRequest) -> list[TokenEvent]:
+                return [e async for e in engine.generate(r)]
+            return list(await asyncio.gather(*(one(r) for r in reqs)))
+        finally:
+            await engine.shutdown()
+    return asyncio.run(go())
