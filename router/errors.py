@@ -30,7 +30,8 @@ class HeadUnavailable(RouterError):
 
 
 class NoHeadHoldsIds(RouterError):
-    """The request names token ids (stop_token_ids) that no routable head's vocabulary holds."""
+    """The request names token ids (stop_token_ids, logit_bias, allowed_token_ids) that no
+    routable head's vocabulary holds."""
 
     def __init__(self, min_vocab: int) -> None:
         super().__init__(f"no routable head holds token id {min_vocab - 1}")

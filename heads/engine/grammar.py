@@ -7,8 +7,7 @@ mask is the first V entries of the native mask: one compiler serves every head, 
 request's matcher holds no head of its own (tests/heads/engine/test_grammar.py checks the
 masks along real trajectories on each head).
 
-A constrained row is sampled from its materialised logits: the streaming kernels never hold a
-row of logits to mask. Only constrained requests pay that.
+A constrained row is sampled from its materialised logits (heads.engine.row_sampler).
 """
 
 from __future__ import annotations
@@ -21,13 +20,9 @@ from typing import Any
 
 import torch
 
-from heads.engine.sequence import Sequence as EngineSequence
 from heads.engine.types import StructuredSpec
 from heads.errors import GrammarError
-from heads.model.adapter import HeadOutput
 from heads.vocab.tokenizer import HeadTokenizer
-from kernels.reference import sample_from_logits
-from kernels.sampling_params import SamplingBatch
 
 
 class GrammarCompiler:
@@ -114,19 +109,3 @@ class GrammarConstraint:
     def done(self) -> bool:
         """The grammar has matched completely (its stop token accepted, or nothing left)."""
         return bool(self._matcher.is_terminated())
-
-
-def sample_constrained(head: HeadOutput, hidden: torch.Tensor, seq: EngineSequence
-                       ) -> tuple[int, float | None]:
-    """One constrained row: logits [1, V] over the head's rows, masked by the sequence's
-    grammar, sampled as the kernels sample (same seeded noise), then fed to the grammar."""
-    # hidden: [1, d]
-    assert seq.constraint is not None
-    logits = head.logits(hidden).float()
-    seq.constraint.mask(logits)
-    batch = SamplingBatch.from_rows([seq.params], [seq.num_tokens],
-                                    want_logprobs=seq.want_logprobs)
-    out = sample_from_logits(logits, batch)
-    token = int(out.token_ids[0])
-    seq.constraint.accept(token)
-    return token, float(out.logprobs[0]) if out.logprobs is not None else None

@@ -163,7 +163,7 @@ class LocalEngine:
             stop_token_ids=frozenset(req.stop_token_ids), want_logprobs=req.want_logprobs,
             score_prompt=req.score_prompt, score_positions=max(0, req.score_positions),
             top_logprobs=req.top_logprobs, prompt_logprobs=req.prompt_logprobs,
-            constraint=constraint,
+            constraint=constraint, rules=req.rules,
         )
 
     async def _stream(self, seq: Sequence) -> AsyncIterator[TokenEvent]:

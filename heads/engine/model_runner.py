@@ -16,9 +16,9 @@ import torch
 
 from heads.engine.config import EngineConfig
 from heads.engine.cpu_linear import pack_linears, packing_available
-from heads.engine.grammar import sample_constrained
 from heads.engine.logprob_tops import prompt_tops, sampled_tops
 from heads.engine.prompt_score import ScoreJob, score_prompts
+from heads.engine.row_sampler import needs_row, sample_row
 from heads.engine.sequence import Sequence
 from heads.engine.types import PromptScore, TokenLogprobs
 from heads.model.adapter import HeadOutput
@@ -183,12 +183,11 @@ class ModelRunner:
         # may share one pass over the largest head's rows (kernels/nested.py).
         token_ids: list[int] = [0] * len(seqs)
         logprobs: list[float | None] = [None] * len(seqs)
-        free = [i for i, s in enumerate(seqs) if s.constraint is None]
+        free = [i for i, s in enumerate(seqs) if not needs_row(s)]
         for i in range(len(seqs)):
-            if seqs[i].constraint is not None:  # a grammar masks its row's logits
-                token_ids[i], lp = sample_constrained(
+            if needs_row(seqs[i]):  # a grammar or a logit rule needs the row's logits
+                token_ids[i], logprobs[i] = sample_row(
                     self.model.head_output(seqs[i].head), hidden[i:i + 1], seqs[i])
-                logprobs[i] = lp if seqs[i].want_logprobs else None
         groups = [_Group(head, [free[j] for j in rows], seqs, self.model.head_output(head))
                   for head, rows in _groups([seqs[i].head for i in free]).items()]
         for shared in _by_rows(groups).values():

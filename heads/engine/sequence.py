@@ -7,7 +7,7 @@ import itertools
 import logging
 from dataclasses import dataclass, field
 
-from heads.engine.types import PromptScore, TokenConstraint
+from heads.engine.types import NO_LOGIT_RULES, LogitRules, PromptScore, TokenConstraint
 from kernels.row_params import RowParams
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ class Sequence:
     top_logprobs: int = 0  # alternatives per sampled token (heads.engine.logprob_tops)
     prompt_logprobs: int | None = None  # None: off; else top-N per prompt position
     constraint: TokenConstraint | None = None  # structured output (heads.engine.grammar)
+    rules: LogitRules = NO_LOGIT_RULES  # logit-shaping extensions (heads.engine.logit_rules)
     seq_id: int = field(default_factory=lambda: next(_ids))  # engine-unique, unlike request_id
     output_ids: list[int] = field(default_factory=list)
     # One block table per KV group (heads.engine.kv_layout); a sliding group's entries behind

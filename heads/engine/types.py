@@ -45,6 +45,30 @@ class StructuredSpec:
 STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "grammar", "choice")
 
 
+@dataclass(frozen=True, slots=True)
+class LogitRules:
+    """vLLM's logit-shaping sampling extensions, for one sequence on one head (its ids are
+    that head's ids). The defaults change nothing; a request with any other value is sampled
+    from its materialised row of logits (heads.engine.logit_rules)."""
+
+    repetition_penalty: float = 1.0  # >1 damps every id seen in the prompt or the output
+    presence_penalty: float = 0.0  # subtracted once from each id the output holds
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    min_p: float = 0.0  # drop ids whose probability is below min_p × the top one's
+    min_tokens: int = 0  # the stop ids are masked until the output has this many tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (id, added to its logit)
+    allowed_token_ids: frozenset[int] | None = None  # None: every id of the head
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # the last id of each is masked after the rest
+
+    @property
+    def shapes(self) -> bool:
+        """Whether these rules change any logit (min_tokens alone changes none once met)."""
+        return self != NO_LOGIT_RULES
+
+
+NO_LOGIT_RULES = LogitRules()
+
+
 class TokenConstraint(Protocol):
     """What may come next in one sequence (heads.engine.grammar implements it)."""
 
@@ -72,6 +96,7 @@ class GenerationRequest:
     top_logprobs: int = 0  # alternatives reported beside each sampled token
     prompt_logprobs: int | None = None  # None: off; N: each prompt token's logprob + top N
     structured: StructuredSpec | None = None  # constrain the output to a grammar
+    rules: LogitRules = NO_LOGIT_RULES  # vLLM's logit-shaping extensions
 
 
 @dataclass(frozen=True, slots=True)

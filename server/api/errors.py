@@ -74,7 +74,7 @@ def to_api_error(exc: Exception) -> APIError:
     if isinstance(exc, HeadUnavailable):
         return Unavailable(str(exc), param="model")
     if isinstance(exc, NoHeadHoldsIds):
-        return BadRequest(str(exc), param="stop_token_ids")
+        return BadRequest(str(exc))
     if isinstance(exc, AdmissionRejected):
         return TooManyRequests(str(exc), headers={"Retry-After": str(exc.retry_after_s)},
                                reason="kv_budget")

@@ -94,7 +94,9 @@ async def generate_text(
                 outcome.prompt_logprobs = event.prompt_logprobs
             outcome.completion_tokens += 1
             is_eos = event.token_id in eos and event.finish_reason == "stop"
-            text = "" if is_eos and drop_stop else matcher.feed(detok.push(event.token_id))
+            # vLLM checks stop strings only once min_tokens tokens exist.
+            armed = outcome.completion_tokens > ext.rules.min_tokens
+            text = "" if is_eos and drop_stop else matcher.feed(detok.push(event.token_id), armed)
             finish = event.finish_reason
             if matcher.matched is not None:
                 finish = "stop"

@@ -243,8 +243,10 @@ class RequestPlanner:
         ext = extensions(body)
         if ext.structured is not None:
             await self._compile(ext.structured)
-        if pinned is not None:
-            check_ids_on_head(ext, pinned, self.manifest.head(pinned).vocab_size)
+        # Unpinned, the router picks among the heads that hold the named ids; an id no head
+        # holds is named here, against the largest.
+        largest = pinned or max(self.manifest.heads, key=lambda h: h.vocab_size).name
+        check_ids_on_head(ext, largest, self.manifest.head(largest).vocab_size)
         encoded, decision = await self.route(texts, chat, max_tokens, pinned, session=session,
                                              min_vocab=ext.min_vocab)
         self.tracing.annotate(head=decision.head, policy=decision.policy,
@@ -337,6 +339,7 @@ class RequestPlanner:
                     f"model's context of {self.limits.max_model_len} tokens", param="max_tokens")
         jobs = []
         s = template.sampling
+        rules = ext.rules_on(self.tokenizers[head])
         for p, ids in enumerate(prompts):
             job_ext = dataclasses.replace(ext, echo_text=encoded.texts[p]) if ext.echo_prompt \
                 else ext
@@ -348,7 +351,7 @@ class RequestPlanner:
                                         max_tokens, sampling, stop_ids,
                                         template.want_logprobs, template.score_prompt and i == 0,
                                         template.score_positions, ext.top_logprobs,
-                                        ext.engine_prompt_logprobs, ext.structured)
+                                        ext.engine_prompt_logprobs, ext.structured, rules)
                 jobs.append(ChoiceJob(index, req, tuple(stops), job_ext))
         return jobs
 

@@ -1,27 +1,27 @@
-"""vLLM's sampling extensions on a request: the ones served, as rules a generation follows,
-and a 400 naming each one that would change the output but is not served yet.
+"""vLLM's sampling extensions on a request, as the rules a generation follows, with a 400
+naming what is malformed.
 
 Every extension is accepted at its neutral value (vLLM's own default), so clients that always
-send them (`vllm bench serve` sends `repetition_penalty: 1.0`) work unchanged.
+send them (`vllm bench serve` sends `repetition_penalty: 1.0`) work unchanged. The ones that
+reshape logits (penalties, min_p, logit_bias, allowed_token_ids, bad_words, min_tokens) make
+the engine sample that request from its materialised row of logits.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from heads.engine.types import StructuredSpec
+from heads.engine.types import NO_LOGIT_RULES, LogitRules, StructuredSpec
+from heads.vocab.tokenizer import HeadTokenizer
 from server.errors import BadRequest
 from server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 
-# Fields that reshape the logits; the engine's kernels stream the unembedding without ever
-# holding a row of logits, so these are refused unless neutral.
-_LOGIT_FIELDS = (
-    ("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-    ("min_p", 0.0),
-)
+LOGIT_BIAS_LIMIT = 100.0  # vLLM clamps each bias to ±100, as OpenAI bounds it
+MAX_BAD_WORDS = 128  # vLLM's VLLM_MAX_NUM_BAD_WORDS default
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,8 @@ class Extensions:
     prompt_logprobs: int | None = None  # per prompt token: its logprob and the top N
     wants_logprobs: bool = False  # the sampled tokens' logprobs (logprobs / logprobs=true)
     structured: StructuredSpec | None = None  # the grammar every choice must match
+    rules: LogitRules = NO_LOGIT_RULES  # logit shaping, bad words not yet tokenized
+    bad_words: tuple[str, ...] = ()  # tokenized on the chosen head by rules_on
 
     @property
     def engine_prompt_logprobs(self) -> int | None:
@@ -67,33 +69,41 @@ class Extensions:
         """The ids that end a choice on a head whose EOS ids are `eos_ids`."""
         return self.stop_token_ids if self.ignore_eos else self.stop_token_ids | set(eos_ids)
 
+    def rules_on(self, tok: HeadTokenizer) -> LogitRules:
+        """The logit rules on one head: each bad word as that head spells it, with and
+        without a leading space (vLLM's rule, so a word is banned mid-text too)."""
+        if not self.bad_words:
+            return self.rules
+        words: list[tuple[int, ...]] = []
+        for word in self.bad_words:
+            bare = tuple(tok.encode(word.lstrip()))
+            if not bare:
+                raise BadRequest(f"bad_words: {word!r} tokenizes to nothing", param="bad_words")
+            words.append(bare)
+            spaced = tuple(tok.encode(" " + word.lstrip()))
+            if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+                words.append(spaced)
+        return dataclasses.replace(self.rules, bad_words_ids=tuple(dict.fromkeys(words)))
+
+    def named_ids(self) -> dict[str, int]:
+        """Per field that names token ids, the largest id it names."""
+        out = {"stop_token_ids": max(self.stop_token_ids, default=-1),
+               "logit_bias": max((t for t, _ in self.rules.logit_bias), default=-1),
+               "allowed_token_ids": max(self.rules.allowed_token_ids or (), default=-1)}
+        return {k: v for k, v in out.items() if v >= 0}
+
     @property
     def min_vocab(self) -> int:
         """The smallest head vocabulary that holds every id these rules name."""
-        return max(self.stop_token_ids, default=-1) + 1
+        return max(self.named_ids().values(), default=-1) + 1
 
 
 NO_EXTENSIONS = Extensions()
 
 
 def extensions(body: SamplingFields) -> Extensions:
-    """The rules `body` asks for; BadRequest for an extension that is not served."""
-    for name, neutral in _LOGIT_FIELDS:
-        if getattr(body, name) != neutral:
-            raise BadRequest(f"{name} is not supported (only its neutral value {neutral}): "
-                             "the kernels sample without materialising logits", param=name)
-    if body.logit_bias:
-        raise BadRequest("logit_bias is not supported", param="logit_bias")
-    if body.allowed_token_ids is not None:
-        raise BadRequest("allowed_token_ids is not supported", param="allowed_token_ids")
-    if body.bad_words:
-        raise BadRequest("bad_words is not supported", param="bad_words")
+    """The rules `body` asks for; BadRequest for a malformed one."""
     stop_ids = frozenset(body.stop_token_ids or ())
-    # min_tokens masks the stop ids until that many tokens exist: a no-op when nothing
-    # could stop the choice early, which is all that is served without logit masking.
-    if body.min_tokens and (not body.ignore_eos or stop_ids or body.stop):
-        raise BadRequest("min_tokens is only served with ignore_eos=true and no stop or "
-                         "stop_token_ids", param="min_tokens")
     if body.max_tokens is not None and body.min_tokens > body.max_tokens:
         raise BadRequest("min_tokens must not exceed max_tokens", param="min_tokens")
     # A chat template renders BOS itself, and the encoder keeps exactly one.
@@ -113,15 +123,40 @@ def extensions(body: SamplingFields) -> Extensions:
     echo_prompt = isinstance(body, CompletionRequest) and body.echo
     return Extensions(body.ignore_eos, stop_ids, body.include_stop_str_in_output,
                       body.skip_special_tokens, body.truncate_prompt_tokens, add, echo,
-                      echo_prompt, top, body.prompt_logprobs, wants, structured_spec(body))
+                      echo_prompt, top, body.prompt_logprobs, wants, structured_spec(body),
+                      logit_rules(body), tuple(dict.fromkeys(body.bad_words or ())))
+
+
+def logit_rules(body: SamplingFields) -> LogitRules:
+    """The head-independent logit rules of `body` (bad words are per head: rules_on)."""
+    bias: list[tuple[int, float]] = []
+    for key, value in (body.logit_bias or {}).items():
+        try:
+            tid = int(key)
+        except ValueError:
+            raise BadRequest(f"logit_bias keys are token ids; got {key!r}",
+                             param="logit_bias") from None
+        if tid < 0:
+            raise BadRequest(f"logit_bias: token id {tid} is negative", param="logit_bias")
+        bias.append((tid, max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(value)))))
+    if body.allowed_token_ids is not None and not body.allowed_token_ids:
+        raise BadRequest("allowed_token_ids must not be empty", param="allowed_token_ids")
+    if body.bad_words and any(not w.strip() for w in body.bad_words):
+        raise BadRequest("bad_words entries must not be empty", param="bad_words")
+    if len(body.bad_words or ()) > MAX_BAD_WORDS:
+        raise BadRequest(f"at most {MAX_BAD_WORDS} bad_words", param="bad_words")
+    allowed = (frozenset(body.allowed_token_ids) if body.allowed_token_ids is not None
+               else None)
+    return LogitRules(body.repetition_penalty, body.presence_penalty, body.frequency_penalty,
+                      body.min_p, body.min_tokens, tuple(sorted(bias)), allowed)
 
 
 def check_ids_on_head(rules: Extensions, head: str, vocab: int) -> None:
     """A pinned head must hold every id the request names."""
-    if rules.min_vocab > vocab:
-        bad = max(rules.stop_token_ids)
-        raise BadRequest(f"stop_token_ids: token id {bad} is outside head {head}'s "
-                         f"vocabulary [0, {vocab})", param="stop_token_ids")
+    for field, largest in rules.named_ids().items():
+        if largest >= vocab:
+            raise BadRequest(f"{field}: token id {largest} is outside head {head}'s "
+                             f"vocabulary [0, {vocab})", param=field)
 
 
 def _json_text(value: Any, param: str) -> str:

@@ -15,11 +15,17 @@ class StopStringMatcher:
         self._pending = ""
         self.matched: str | None = None
 
-    def feed(self, text: str) -> str:
-        """Add newly decoded text; return what can be released now."""
+    def feed(self, text: str, armed: bool = True) -> str:
+        """Add newly decoded text; return what can be released now. Unarmed (before
+        min_tokens), nothing matches, but the tail a stop string could start with is held, so
+        one completed by the next armed text still matches, as in vLLM."""
         if not self.stops:
             return text
         self._pending += text
+        if not armed:
+            out = self._pending[: max(0, len(self._pending) - self._hold)]
+            self._pending = self._pending[len(out):]
+            return out
         cut = min(
             (i for i in (self._pending.find(s) for s in self.stops) if i >= 0), default=-1
         )

@@ -125,5 +125,9 @@ def test_lm_eval_matches_in_process_scoring(gateway, ckpt, tasks, ppl_text, head
                       only=[head])
     bpb = results["results"]["polyhead_ppl"]["bits_per_byte,none"]
     assert ref.bytes == len(text.encode())
+    # The side-by-side a reader wants, in the -s / -rP output.
+    acc = results["results"]["polyhead_mc"]["acc,none"]
+    print(f"\nlm-eval {head}: acc {acc:.2f} (in-process {correct / 10:.2f}); "  # noqa: T201
+          f"bits/byte {bpb:.5f} (heads eval {ref.bpb:.5f})")
     assert bpb == pytest.approx(ref.bpb, rel=1e-5)
     assert math.isfinite(bpb)

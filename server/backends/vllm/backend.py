@@ -25,7 +25,7 @@ from heads.engine.types import (
     TokenEvent,
     TokenLogprobs,
 )
-from heads.errors import EngineError, EngineLost, EngineUnavailable
+from heads.errors import EngineError, EngineLost, EngineUnavailable, EngineUnsupported
 from server.backends.base import BackendBase
 from server.backends.vllm.replicas import ReplicaSet
 from server.backends.vllm.types import Chunk, Discovery, Replica, ReplicaFailed, VllmParams
@@ -60,7 +60,11 @@ class VllmBackend(BackendBase):
         await self.set.stop()
 
     def _params(self, req: GenerationRequest, offset: int) -> VllmParams:
-        s = req.sampling
+        s, r = req.sampling, req.rules
+        if r.bad_words_ids:
+            # vLLM spells bad words with its own tokenizer; the engine runs without one (it
+            # sees global ids only), so it cannot take them as ids.
+            raise EngineUnsupported("bad_words is served by the local engine only")
         return VllmParams(
             prompt_ids=tuple(t + offset for t in req.prompt_ids), max_tokens=req.max_tokens,
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
@@ -69,6 +73,11 @@ class VllmBackend(BackendBase):
             logprobs=req.want_logprobs,
             prompt_logprobs=req.score_prompt and self.prompt_logprobs,
             top_logprobs=req.top_logprobs, prompt_top=req.prompt_logprobs,
+            repetition_penalty=r.repetition_penalty, presence_penalty=r.presence_penalty,
+            frequency_penalty=r.frequency_penalty, min_p=r.min_p, min_tokens=r.min_tokens,
+            logit_bias=tuple((t + offset, b) for t, b in r.logit_bias),
+            allowed_token_ids=(None if r.allowed_token_ids is None
+                               else tuple(sorted(t + offset for t in r.allowed_token_ids))),
         )
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:

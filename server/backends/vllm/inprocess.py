@@ -97,6 +97,7 @@ class InProcessReplica:
             prompt_logprobs=(params.prompt_top if params.prompt_top is not None
                              else 0 if params.prompt_logprobs else None),
             output_kind=RequestOutputKind.DELTA, detokenize=False, skip_special_tokens=False,
+            **params.shaping(),
         )
         prompt = TokensPrompt(prompt_token_ids=list(params.prompt_ids))
         from vllm.v1.engine.exceptions import EngineDeadError

@@ -79,6 +79,7 @@ class RemoteReplica:
             # token IDs are returned.
             "ignore_eos": False,
         }
+        body.update(p.shaping())
         if p.seed is not None:
             body["seed"] = p.seed
         if p.logprobs or p.top_logprobs:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from server.backends.vllm.signals import EngineSignals
 
@@ -28,6 +28,27 @@ class VllmParams:
     prompt_logprobs: bool  # the prompt's NLL (live prompt BPB)
     top_logprobs: int = 0  # alternatives beside each sampled token
     prompt_top: int | None = None  # each prompt token's logprob and top N (evaluators)
+    # vLLM's logit-shaping extensions, under its SamplingParams names; ids are global.
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
+
+    def shaping(self) -> dict[str, Any]:
+        """The logit-shaping fields that differ from vLLM's defaults, as vLLM names them."""
+        out: dict[str, Any] = {}
+        for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0),
+                              ("frequency_penalty", 0.0), ("min_p", 0.0), ("min_tokens", 0)):
+            if getattr(self, name) != neutral:
+                out[name] = getattr(self, name)
+        if self.logit_bias:
+            out["logit_bias"] = dict(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            out["allowed_token_ids"] = list(self.allowed_token_ids)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,12 +97,73 @@ def test_neutral_values_are_accepted(gateway):
     assert post(gateway, "/v1/chat/completions", chat).status_code == 200
 
 
-@pytest.mark.parametrize("field,value", [("repetition_penalty", 1.2), ("min_p", 0.1),
-                                         ("allowed_token_ids", [1, 2]), ("bad_words", ["a"])])
-def test_unserved_values_are_400_naming_the_field(gateway, field, value):
+def _ids(gateway, head: str, text: str) -> list[int]:
+    body = {"model": f"{MODEL}:{head}", "prompt": text, "add_special_tokens": False}
+    return post(gateway, "/tokenize", body).json()["tokens"]
+
+
+def _text(gateway, head: str, ids: list[int]) -> str:
+    return post(gateway, "/detokenize", {"model": f"{MODEL}:{head}", "tokens": ids}).json()[
+        "prompt"]
+
+
+@pytest.mark.parametrize("field", ["logit_bias", "allowed_token_ids"])
+def test_logit_bias_and_allowed_ids_force_a_token(gateway, field):
+    (tid,) = _ids(gateway, "4k", " the")[-1:]
+    value = {str(tid): 100} if field == "logit_bias" else [tid]
+    body = {"model": f"{MODEL}:4k", "prompt": "a b", "max_tokens": 5, "temperature": 1.0,
+            "seed": 3, "ignore_eos": True, field: value}
+    r = post(gateway, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == _text(gateway, "4k", [tid] * 5)
+
+
+def test_bad_words_and_penalties_change_the_greedy_text(gateway):
+    body = {"model": f"{MODEL}:8k", "prompt": "once upon a time", "max_tokens": 12,
+            "temperature": 0, "ignore_eos": True}
+    plain = post(gateway, "/v1/completions", body).json()["choices"][0]["text"]
+    word = plain.split()[0]
+    banned = post(gateway, "/v1/completions", {**body, "bad_words": [word]}).json()
+    assert word not in banned["choices"][0]["text"].split()
+    for field, value in (("repetition_penalty", 3.0), ("frequency_penalty", 2.0),
+                         ("presence_penalty", 2.0), ("min_p", 0.5)):
+        r = post(gateway, "/v1/completions", {**body, field: value})
+        assert r.status_code == 200, (field, r.text)
+
+
+def test_min_tokens_holds_back_stop_ids_and_stop_strings(gateway):
+    body = {"model": f"{MODEL}:1k", "prompt": "x", "max_tokens": 24, "temperature": 0,
+            "ignore_eos": True}
+    full = post(gateway, "/v1/completions", body).json()["choices"][0]
+    ids = _ids(gateway, "1k", full["text"])
+    stop = {**body, "stop_token_ids": [ids[1]], "ignore_eos": False}
+    early = post(gateway, "/v1/completions", stop).json()
+    assert early["usage"]["completion_tokens"] <= 2
+    late = post(gateway, "/v1/completions", {**stop, "min_tokens": 6}).json()
+    assert late["usage"]["completion_tokens"] >= 6, late
+
+
+@pytest.mark.parametrize("field,value,param", [
+    ("logit_bias", {"x": 1}, "logit_bias"), ("logit_bias", {"-3": 1}, "logit_bias"),
+    ("allowed_token_ids", [], "allowed_token_ids"), ("bad_words", [" "], "bad_words"),
+    ("min_tokens", 9, "min_tokens")])
+def test_malformed_rules_are_400_naming_the_field(gateway, field, value, param):
     r = post(gateway, "/v1/completions",
              {"model": MODEL, "prompt": "hi", "max_tokens": 2, field: value})
-    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_ids_in_rules_are_checked_against_the_head(gateway):
+    for field, value in (("logit_bias", {"5000": 1.0}), ("allowed_token_ids", [5000])):
+        body = {"model": f"{MODEL}:1k", "prompt": "a", "max_tokens": 2, field: value}
+        r = post(gateway, "/v1/completions", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        routed = post(gateway, "/v1/completions", {**body, "model": MODEL})
+        assert routed.status_code == 200 and routed.headers["x-polyhead-head"] == "8k"
+        huge = post(gateway, "/v1/completions", {**body, "model": MODEL,
+                                                 field: {"99999999": 1.0} if field ==
+                                                 "logit_bias" else [99999999]})
+        assert huge.status_code == 400 and huge.json()["error"]["param"] == field, huge.text
 
 
 def test_chat_continue_final_message_and_echo(gateway):

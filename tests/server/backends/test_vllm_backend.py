@@ -195,3 +195,21 @@ def test_evaluator_logprobs_equal_the_local_engine(mode, request, gateway) -> No
         assert [gt[k] for k in wt] == pytest.approx(list(wt.values()), abs=1e-4)
     for gp, wp in zip(got["prompt_logprobs"][1:], want["prompt_logprobs"][1:], strict=True):
         assert {k: v["rank"] for k, v in gp.items()} == {k: v["rank"] for k, v in wp.items()}
+
+
+@pytest.mark.parametrize("mode", ["remote", "in-process"])
+def test_logit_rules_pass_through_and_equal_the_local_engine(mode, request, gateway) -> None:
+    """vLLM applies the penalties, min_p, min_tokens, logit_bias and allowed_token_ids to the
+    head's ids moved into its global id space: the greedy text is the local engine's."""
+    gw = request.getfixturevalue("remote_gateway" if mode == "remote" else "inprocess_gateway")
+    base = {"model": "tiny:4k", "prompt": [17, 230, 41, 17, 99, 5, 311], "max_tokens": 10,
+            "temperature": 0}
+    for rules in ({"repetition_penalty": 1.7, "frequency_penalty": 0.6, "presence_penalty": 0.3},
+                  {"logit_bias": {"44": 4.0, "230": -100}, "min_tokens": 5},
+                  {"allowed_token_ids": list(range(40, 400)), "min_p": 0.2}):
+        got, want = (httpx.post(f"{url}/v1/completions", json={**base, **rules},
+                                timeout=120).json() for url in (gw.url, gateway.url))
+        assert got["choices"][0]["text"] == want["choices"][0]["text"], rules
+        assert got["usage"] == want["usage"], rules
+    r = httpx.post(f"{gw.url}/v1/completions", json={**base, "bad_words": ["the"]}, timeout=60)
+    assert r.status_code == 400 and "local engine" in r.json()["error"]["message"]

@@ -1,10 +1,12 @@
-"""vLLM's sampling extensions as the planner reads them: which are served, the rules they
-become, and the 400 for each one that is not served unless neutral."""
+"""vLLM's sampling extensions as the planner reads them: the rules they become, and the 400
+for each malformed one."""
 
 from __future__ import annotations
 
 import pytest
 
+from heads.engine.types import LogitRules
+from heads.model.weights import load_checkpoint
 from server.errors import BadRequest
 from server.gateway.sampling_extensions import Extensions, check_ids_on_head, extensions
 from server.gateway.stop_strings import StopStringMatcher
@@ -24,25 +26,39 @@ def test_neutral_values_are_served():
     assert ext == Extensions(add_special_tokens=True)
 
 
-@pytest.mark.parametrize("field,value", [
-    ("repetition_penalty", 1.1), ("presence_penalty", 0.5), ("frequency_penalty", -0.5),
-    ("min_p", 0.05), ("logit_bias", {"5": 1.0}), ("allowed_token_ids", [1, 2]),
-    ("bad_words", ["no"]),
+def test_logit_shaping_fields_become_logit_rules():
+    ext = extensions(completion(repetition_penalty=1.1, presence_penalty=0.5,
+                                frequency_penalty=-0.5, min_p=0.05, min_tokens=3,
+                                logit_bias={"5": 1.0, "9": -250}, allowed_token_ids=[1, 2, 40],
+                                bad_words=["no", "no", "way"]))
+    assert ext.rules == LogitRules(1.1, 0.5, -0.5, 0.05, 3, ((5, 1.0), (9, -100.0)),
+                                   frozenset({1, 2, 40}))
+    assert ext.rules.shapes and not Extensions().rules.shapes
+    assert ext.bad_words == ("no", "way")  # repeats dropped, spelled per head later
+    assert ext.min_vocab == 41  # the largest id any field names, plus one
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"logit_bias": {"a": 1.0}}, "logit_bias"), ({"logit_bias": {"-1": 1.0}}, "logit_bias"),
+    ({"allowed_token_ids": []}, "allowed_token_ids"), ({"bad_words": ["  "]}, "bad_words"),
+    ({"min_tokens": 9, "max_tokens": 8}, "min_tokens"),
 ])
-def test_logit_shaping_fields_are_refused_by_name(field, value):
+def test_malformed_rules_are_refused_by_name(fields, param):
     with pytest.raises(BadRequest) as e:
-        extensions(completion(**{field: value}))
-    assert e.value.param == field
+        extensions(completion(**fields))
+    assert e.value.param == param
 
 
-def test_min_tokens_only_where_nothing_can_stop_early():
-    assert extensions(completion(min_tokens=4, ignore_eos=True, max_tokens=8)).ignore_eos
-    for fields in ({"min_tokens": 4}, {"min_tokens": 4, "ignore_eos": True, "stop": "x"},
-                   {"min_tokens": 4, "ignore_eos": True, "stop_token_ids": [3]},
-                   {"min_tokens": 9, "ignore_eos": True, "max_tokens": 8}):
-        with pytest.raises(BadRequest) as e:
-            extensions(completion(**fields))
-        assert e.value.param == "min_tokens"
+def test_bad_words_are_spelled_on_each_head(tiny_model_dir):
+    ckpt = load_checkpoint(tiny_model_dir, compute_dtype="float32")
+    ext = extensions(completion(bad_words=["the quick", "fox"]))
+    for head, tok in ckpt.tokenizers.items():
+        words = ext.rules_on(tok).bad_words_ids
+        assert tuple(tok.encode("the quick")) in words and tuple(tok.encode("fox")) in words
+        spaced = tuple(tok.encode(" fox"))
+        bare = tuple(tok.encode("fox"))
+        assert (spaced in words) == (spaced[0] != bare[0] and len(spaced) == len(bare)), head
+        assert all(t < tok.vocab_size for w in words for t in w)
 
 
 def test_stop_ids_with_and_without_eos():

@@ -40,3 +40,12 @@ def test_equals_truncating_the_whole_text(text, stops, cuts):
     out, _ = run(stops, pieces)
     hits = [text.find(s) for s in stops if s in text]
     assert out == (text[: min(hits)] if hits else text)
+
+
+def test_unarmed_text_never_matches_but_a_stop_across_the_arming_point_does():
+    m = StopStringMatcher(["END"])
+    assert m.feed("xEND", armed=False) == "xE" and m.matched is None  # "ND" held back
+    assert m.feed("!") + m.flush() == "ND!" and m.matched is None  # completed while unarmed
+    m = StopStringMatcher(["END"])
+    assert m.feed("aaEN", armed=False) == "aa"
+    assert m.feed("D tail") == "" and m.matched == "END"
