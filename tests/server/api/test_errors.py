@@ -75,11 +75,9 @@ def test_max_tokens_over_limit_is_400(gateway):
 
 
 def test_unsupported_options_are_400(gateway):
-    for extra, param in (({"presence_penalty": 0.5}, "presence_penalty"),
-                         ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+    for extra, param in (({"logit_bias": {"one": 2.0}}, "logit_bias"),
                          ({"best_of": 2}, "best_of"),
                          ({"suffix": "y"}, "suffix"),
-                         ({"repetition_penalty": 1.3}, "repetition_penalty"),
                          ({"stream_options": {"include_usage": True}}, "stream_options")):
         r = post(gateway, "/v1/completions", json={"model": "tiny", "prompt": "x", **extra})
         assert_error(r, 400, param)

@@ -15,7 +15,7 @@ FUNCTION = {"name": "name", "description": "description", "parameters": {"foo": 
 # field -> (sample value, outcome, the error's param for a rejection)
 CHAT_FIELDS: dict[str, tuple[object, str, str | None]] = {
     "audio": ({"format": "wav", "voice": "alloy"}, "rejected", "audio"),
-    "frequency_penalty": (-2, "rejected", "frequency_penalty"),
+    "frequency_penalty": (-2, "accepted", None),
     "function_call": ("none", "rejected", "function_call"),
     "functions": ([FUNCTION], "rejected", "functions"),
     "logit_bias": ({"foo": 0}, "rejected", "logit_bias"),
@@ -27,7 +27,7 @@ CHAT_FIELDS: dict[str, tuple[object, str, str | None]] = {
     "n": (1, "accepted", None),
     "parallel_tool_calls": (True, "ignored", None),
     "prediction": ({"content": "string", "type": "content"}, "ignored", None),
-    "presence_penalty": (-2, "rejected", "presence_penalty"),
+    "presence_penalty": (-2, "accepted", None),
     "response_format": ({"type": "text"}, "accepted", None),
     "seed": (-9007199254740991, "accepted", None),
     "service_tier": ("auto", "ignored", None),
