@@ -142,9 +142,12 @@ class PenaltySpec:
     mean_abs_error: float = 0.0  # of the fit on its own points
     points: int = 0  # languages it was fitted on
     sources: tuple[str, ...] = ()  # the evaluated samples
+    # The smallest split share the head showed on them: what a short prompt's own share is
+    # shrunk towards. None: fitted before polyhead stored it (refitted on load).
+    prior_split: float | None = None
 
     def validate(self, where: str) -> None:
-        if self.per_split < 0 or self.per_fallback_share < 0:
+        if self.per_split < 0 or self.per_fallback_share < 0 or (self.prior_split or 0) < 0:
             raise CheckpointError(f"{where}: penalty coefficients must be >= 0")
 
 

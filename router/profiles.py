@@ -49,9 +49,9 @@ class HeadProfile:
     # largest live one's rows per step (kernels/nested_plan.py).
     shared_rows: str | None = None
     # The head's own fit of the per-request BPB penalty (router.segmentation), measured when
-    # its checkpoint was built: (per unit of split share, per unit share of byte-token bytes).
-    # None: the default fit.
-    bpb_penalty: tuple[float, float] | None = None
+    # its checkpoint was built: (per unit of split share, per unit share of byte-token bytes[,
+    # prior split share]), router.segmentation.PenaltyFit's fields. None: the default fit.
+    bpb_penalty: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -111,9 +111,10 @@ def head_profiles(manifest: Manifest, dtype: str | None = None,
     ]
 
 
-def _penalty(manifest: Manifest, head: str) -> tuple[float, float] | None:
+def _penalty(manifest: Manifest, head: str) -> tuple[float, float, float] | None:
     fit = manifest.penalty(head)
-    return None if fit is None else (fit.per_split, fit.per_fallback_share)
+    return None if fit is None else (fit.per_split, fit.per_fallback_share,
+                                     fit.prior_split or 0.0)
 
 
 def device_spec(name: str) -> DeviceSpec:

@@ -102,23 +102,37 @@ def store_penalties(target: Path, table: Mapping[str, Mapping[str, Mapping[str, 
     fits = fit_by_head(fit_points(table, vocab))
     native = max(m.heads, key=lambda h: h.vocab_size).name
     sources = tuple(table)
-    out = {native: PenaltySpec(0.0, 0.0, 0.0, len(sources), sources)}
+    out = {native: PenaltySpec(0.0, 0.0, 0.0, len(sources), sources, 0.0)}
     for head, (fit, mae, n) in fits.items():
         out[head] = PenaltySpec(round(fit.per_split, 4), round(fit.per_fallback_share, 4),
-                                round(mae, 4), n, sources)
+                                round(mae, 4), n, sources, round(fit.prior_split, 4))
         log.info("%s: penalty = %.3g x split + %.3g x fallback (mean abs error %.3f, %d "
-                 "languages)", head, fit.per_split, fit.per_fallback_share, mae, n)
+                 "languages; prior split share %.3f)", head, fit.per_split,
+                 fit.per_fallback_share, mae, n, fit.prior_split)
     m.with_penalties(out).save(target)
     return out
 
 
 def _unfitted(target: Path) -> bool:
-    """A current demo built before its heads carried their penalty fit."""
+    """A current demo built before its heads carried their penalty fit (or its prior)."""
     try:
         m = Manifest.load(target)
-        return any(m.penalty(h.name) is None for h in m.heads)
+        fits = [m.penalty(h.name) for h in m.heads]
+        return any(f is None or f.prior_split is None for f in fits)
     except CheckpointError:
         return False
+
+
+def refit_penalties(target: Path) -> None:
+    """Fit the stored quality model again: from the per-language evaluation the build kept
+    (seconds), else by running it (minutes)."""
+    import json
+
+    table = target / PENALTY_EVAL_DIR / "eval-by-source.json"
+    if table.is_file():
+        store_penalties(target, json.loads(table.read_text()))
+    else:
+        fit_penalties(target)
 
 
 def _stale_demo(target: Path) -> bool:
@@ -147,7 +161,7 @@ def resolve_model_dir(model: str, cache_dir: Path) -> Path:
         elif model == DEMO and _unfitted(target):
             # Fitted in place (minutes) rather than rebuilt: the heads themselves are current.
             log.info("fitting the cached %s heads' quality model (once)", model)
-            fit_penalties(target)
+            refit_penalties(target)
         return target
     path = Path(model).expanduser()
     if not path.is_dir():

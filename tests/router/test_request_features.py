@@ -13,6 +13,7 @@ from router.cost import AnalyticTimer, Group, marginal_step_s, request_cost_per_
 from router.profiles import HeadTokens, RequestFeatures
 from router.router import Router
 from router.segmentation import (
+    SPLIT_PRIOR_TOKENS,
     PenaltyFit,
     excluded_by_bound,
     fit_by_head,
@@ -70,9 +71,10 @@ def test_prediction_is_the_prompt_without_live_data_and_shrinks_toward_it() -> N
 
 def test_penalty_grows_with_extra_tokens_and_byte_fallback() -> None:
     pen = penalties(heads(), russian(), FIT)
+    k = SPLIT_PRIOR_TOKENS
     assert pen["262k"] == 0.0  # the native head is the reference
-    assert pen["131k"] == pytest.approx(1 - 141 / 600)
-    assert pen["32k"] == pytest.approx((1 - 141 / 1200) + 2.0)
+    assert pen["131k"] == pytest.approx((600 - 141) / (600 + k))
+    assert pen["32k"] == pytest.approx((1200 - 141) / (1200 + k) + 2.0)
     assert penalties(heads(), RequestFeatures(10, 10), FIT) == {}  # not tokenized: no view
     out = excluded_by_bound(pen, 0.5)
     assert set(out) == {"32k", "131k"} and out["32k"] > out["131k"] > 0.5
@@ -111,13 +113,16 @@ def test_a_heads_own_fit_wins_over_the_default_and_fits_are_per_head() -> None:
     own = [dataclasses.replace(p, bpb_penalty=(3.0, 0.0)) if p.name == "32k" else p
            for p in profiles]
     mine = penalties(own, f, FIT)
-    split = 1 - f.tokens["262k"].prompt_tokens / f.tokens["32k"].prompt_tokens
+    n, base = f.tokens["32k"].prompt_tokens, f.tokens["262k"].prompt_tokens
+    split = (n - base) / (n + SPLIT_PRIOR_TOKENS)
     assert mine["32k"] == pytest.approx(3.0 * split) != pytest.approx(default["32k"])
     assert mine["131k"] == default["131k"]  # no fit of its own: the default
     points = [("en", "32k", 0.2, 0.0, 0.4), ("ru", "32k", 0.5, 0.0, 1.0),
               ("en", "131k", 0.1, 0.0, 0.05), ("ru", "131k", 0.4, 0.0, 0.2)]
     by_head = fit_by_head(points)
-    assert by_head["32k"][0] == PenaltyFit(2.0, 0.0) and by_head["32k"][1:] == (0.0, 2)
+    # The prior is the smallest split share the head showed on any language.
+    assert by_head["32k"][0] == PenaltyFit(2.0, 0.0, 0.2) and by_head["32k"][1:] == (0.0, 2)
+    assert by_head["131k"][0].prior_split == pytest.approx(0.1)
     # The envelope: no language predicted under its measured loss (0.4 / 0.2 = 2 here, not
     # the least-squares 0.55); splits under 5% are noise and do not set it.
     assert by_head["131k"][0].per_split == pytest.approx(0.5)
@@ -129,6 +134,32 @@ def test_a_heads_own_fit_wins_over_the_default_and_fits_are_per_head() -> None:
     assert PenaltyFit.envelope([(0.01, 0.0, 0.05)]) == PenaltyFit(0.0, 0.0)
     # A near-native head measured slightly better than native fits 0, never a reward.
     assert PenaltyFit.fit([(0.01, 0.0, -0.04), (0.02, 0.0, 0.01)]) == PenaltyFit(0.0, 0.0)
+
+
+def spelled(native_tokens: int, head_tokens: int) -> RequestFeatures:
+    """A Latin prompt of 4 B/token natively, `head_tokens` on 32k and 131k."""
+    return RequestFeatures(native_tokens * 4, 64, tokens={
+        "32k": HeadTokens(head_tokens), "131k": HeadTokens(head_tokens),
+        "262k": HeadTokens(native_tokens)}, script="latin")
+
+
+def test_a_short_prompt_spelled_like_native_does_not_pass_the_bound_on_a_head_that_splits() -> None:
+    # The 32k head splits 9% of its tokens even on its best language, at 3.6x that in BPB.
+    fit = PenaltyFit(3.6, 0.0, prior_split=0.09)
+    profiles = [dataclasses.replace(p, bpb_penalty=(3.6, 0.0, 0.09)) if p.name == "32k" else p
+                for p in heads()]
+    k = SPLIT_PRIOR_TOKENS
+    for n in (10, 50, 200):  # no token split in the prompt: the prior decides, fading with n
+        pen = penalties(profiles, spelled(n, n), FIT)
+        assert pen["32k"] == pytest.approx(3.6 * k * 0.09 / (n + k))
+        assert pen["131k"] == 0.0  # no prior of its own (the default fit): 0 split is 0
+        assert "32k" in excluded_by_bound(pen, 0.05)
+    # Evidence outweighs the prior: a long prompt at 1% split is predicted near 1%.
+    long = fit.split_share(9900, 10000)
+    assert long == pytest.approx((100 + k * 0.09) / (10000 + k)) and long < 0.011
+    assert fit.split_share(100, 100 + 30) == pytest.approx((30 + k * 0.09) / (130 + k))
+    # Without a prior (a fit stored before it existed) the prompt still shrinks towards 0.
+    assert PenaltyFit(3.6, 0.0).split_share(50, 50) == 0.0
 
 
 def test_joining_a_running_group_shares_its_read() -> None:

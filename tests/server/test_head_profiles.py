@@ -29,12 +29,14 @@ def test_a_heads_fitted_penalty_travels_from_the_manifest_to_its_profile() -> No
     from heads.manifest import Manifest, PenaltySpec
 
     m = tiny_manifest()
-    fit = PenaltySpec(2.2, 0.4, 0.1, 14, ("en", "ru"))
-    m = m.with_penalties({"400": fit})
+    fit = PenaltySpec(2.2, 0.4, 0.1, 14, ("en", "ru"), 0.08)
+    old = PenaltySpec(2.2, 0.4, 0.1, 14, ("en", "ru"))  # stored before the prior existed
+    m = m.with_penalties({"400": fit, "128": old})
     again = Manifest.from_dict(json.loads(m.to_json()))  # survives the JSON round trip
     assert again.penalty("400") == fit and again.penalty("1k") is None
+    assert again.penalty("128").prior_split is None
     assert {p.name: p.bpb_penalty for p in head_profiles(again)} == {
-        "1k": None, "400": (2.2, 0.4), "128": None}
+        "1k": None, "400": (2.2, 0.4, 0.08), "128": (2.2, 0.4, 0.0)}
     raw = json.loads(m.to_json())
     raw["extra"]["bpb_penalty"]["400"]["per_split"] = -1.0
     with pytest.raises(CheckpointError, match="bpb_penalty"):

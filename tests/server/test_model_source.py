@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -40,3 +41,29 @@ def test_a_current_demo_is_served_as_is(tmp_path: Path, monkeypatch) -> None:
     target = _fake_demo(tmp_path, DEMO_BUILD)
     monkeypatch.setattr(model_source, "_build_demo", lambda *a: pytest.fail("rebuilt"))
     assert resolve_model_dir(DEMO, tmp_path) == target
+
+
+def test_a_current_demo_fitted_without_the_prior_is_refitted_from_its_stored_evaluation(
+        tmp_path: Path, monkeypatch) -> None:
+    from heads.manifest import Manifest, PenaltySpec
+    from tests.heads.tiny import tiny_manifest
+
+    target = tmp_path / "models" / f"{DEMO}-heads"
+    target.mkdir(parents=True)
+    m = tiny_manifest()
+    m = dataclasses.replace(m, extra={**m.extra, "demo_build": DEMO_BUILD})
+    m.with_penalties({h.name: PenaltySpec(1.0, 0.0) for h in m.heads}).save(target)
+    vocab = {h.name: h.vocab_size for h in m.heads}
+    native = max(vocab, key=vocab.__getitem__)
+    small = min(vocab, key=vocab.__getitem__)
+    table = {lang: {native: {"bytes_per_token": 4.0, "bpb": 1.0},
+                    small: {"bytes_per_token": bpt, "bpb": 1.0 + 3.0 * (1 - bpt / 4.0)}}
+             for lang, bpt in (("en", 3.6), ("ru", 2.0))}
+    (target / model_source.PENALTY_EVAL_DIR).mkdir()
+    (target / model_source.PENALTY_EVAL_DIR / "eval-by-source.json").write_text(json.dumps(table))
+    monkeypatch.setattr(model_source, "fit_penalties", lambda *a, **k: pytest.fail("re-ran"))
+    assert resolve_model_dir(DEMO, tmp_path) == target
+    fit = Manifest.load(target).penalty(small)
+    assert fit is not None and fit.prior_split == pytest.approx(0.1)  # en: 1 - 3.6 / 4
+    assert fit.per_split == pytest.approx(3.0)
+    assert Manifest.load(target).penalty(native).prior_split == 0.0
