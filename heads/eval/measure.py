@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from heads.corpus.splits import read_documents, source_name
+from heads.eval.grouped import PieceGroups, grouped_token_bits
 from heads.model.forward import forward_hidden
 from heads.model.weights import Checkpoint
 from heads.vocab.specials import spelled_specials
@@ -165,10 +166,15 @@ def _byte_token_ids(tok: Tokenizer) -> frozenset[int]:
                      if len(t) == 6 and t.startswith("<0x") and t.endswith(">"))
 
 
+GROUPED = "+groups"  # suffix of a nested head's row scored as a two-level softmax
+
+
 def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int,
-             window_bytes: int | None = None, only: list[str] | None = None
-             ) -> list[HeadSourceResult]:
-    """Every head (or the heads named in `only`) over each file."""
+             window_bytes: int | None = None, only: list[str] | None = None,
+             grouped: bool = False) -> list[HeadSourceResult]:
+    """Every head (or the heads named in `only`) over each file. `grouped`: also each
+    boundary-preserving head read as the first level of a two-level softmax over the native
+    vocabulary (heads.eval.grouped), as a row named head + GROUPED."""
     heads = sorted(ckpt.manifest.heads, key=lambda h: h.vocab_size)
     native = heads[-1].name
     unknown = sorted(set(only or ()) - {h.name for h in heads})
@@ -199,7 +205,27 @@ def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int,
             log.info("%s %s: %.3f bytes/token, %.4f BPB, %.0f tok/s", h.name, r.source,
                      r.bytes_per_token, r.bpb, r.prefill_tokens_per_s)
             results.append(r)
+            split = ckpt.tokenizers[h.name].split
+            if grouped and split is not None and h.name != native \
+                    and h.unembedding == ckpt.manifest.head(native).unembedding:
+                native_ids = [_spans(p, plain[native])[0] for p in pieces]
+                r = _score_grouped(ckpt, h.name, native, source_name(path), pieces,
+                                   native_ids, PieceGroups.from_split(split), full)
+                log.info("%s %s: %.4f BPB", r.head, r.source, r.bpb)
+                results.append(r)
     return results
+
+
+def _score_grouped(ckpt: Checkpoint, head: str, native: str, source: str, pieces: list[str],
+                   native_ids: list[list[int]], groups: PieceGroups, rows: torch.Tensor
+                   ) -> HeadSourceResult:
+    """One nested head read as a two-level softmax over one source's pieces."""
+    bits, dt, n = 0.0, 0.0, 0
+    for ids in native_ids:
+        b, t = grouped_token_bits(ckpt, head, native, ids, groups, rows)
+        bits, dt, n = bits + float(b.sum()), dt + t, n + len(ids)
+    return HeadSourceResult(head + GROUPED, ckpt.manifest.head(head).vocab_size, source,
+                            sum(len(p.encode()) for p in pieces), n, bits, dt, 0)
 
 
 def kind_of(token_text: str, is_native: bool, is_byte: bool) -> str:

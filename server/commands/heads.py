@@ -129,6 +129,10 @@ def _register_eval(hsub: argparse._SubParsersAction) -> None:
     ev.add_argument("--update", action=argparse.BooleanOptionalAction, default=False,
                     help="record the aggregate bytes/token and BPB in the checkpoint's "
                     "manifest (default --no-update: measuring never rewrites it)")
+    ev.add_argument("--grouped", action="store_true",
+                    help="also score each boundary-preserving head as the first level of a "
+                    "two-level softmax over the native vocabulary (rows named HEAD+groups; "
+                    "measured only, not served)")
     ev.add_argument("--out", type=Path, help="where eval*.json/eval*.png go (default DIR/eval)")
     ev.set_defaults(run=_heads_eval)
 
@@ -170,6 +174,7 @@ def _heads_eval(args: argparse.Namespace) -> None:
     from heads.corpus.languages import languages, sample_path
     from heads.eval.measure import AGGREGATE, KINDS, aggregate, by_source
     from heads.eval.report import run_eval
+    from heads.eval.targets import quality_targets
     from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
@@ -182,12 +187,13 @@ def _heads_eval(args: argparse.Namespace) -> None:
         files = args.corpus
     results, png = run_eval(args.dir, files, args.max_bytes, args.window, args.out,
                             args.compute_dtype, window_bytes=args.window_bytes or None,
-                            update_manifest=args.update, only=args.heads)
-    print(f"{'head':<8}{'V':>8}  {'source':<12}{'bytes/tok':>10}{'BPB':>8}"
+                            update_manifest=args.update, only=args.heads,
+                            grouped=args.grouped)
+    print(f"{'head':<11}{'V':>8}  {'source':<12}{'bytes/tok':>10}{'BPB':>8}"
           f"{'prefill tok/s':>15}{'≠native':>9}{'bytefb':>8}")
     for r in [*results, *aggregate(results)]:
         label = r.source if r.source != AGGREGATE else "ALL"
-        print(f"{r.head:<8}{r.vocab_size:>8}  {label:<12}{r.bytes_per_token:>10.3f}"
+        print(f"{r.head:<11}{r.vocab_size:>8}  {label:<12}{r.bytes_per_token:>10.3f}"
               f"{r.bpb:>8.4f}{r.prefill_tokens_per_s:>15.0f}{r.differing_fraction:>9.1%}"
               f"{r.byte_fallback_share:>8.1%}")
     table = by_source(results)
@@ -203,7 +209,9 @@ def _heads_eval(args: argparse.Namespace) -> None:
     for source, row in table.items():
         print(f"{source:<12}" + "  ".join(
             f"{h}: " + "/".join(f"{row[h]['bpb_by_kind'][k]:.3f}" for k in KINDS)
-            for h in heads))
+            for h in heads if row[h]["bpb_by_kind"]))
+    for line in quality_targets(table):
+        print(line)
     print(f"plot: {png} and {png.with_name('eval-by-source.png')}"
           + ("; manifest updated" if args.update else ""))
 
