@@ -190,11 +190,18 @@ def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int,
     w32 = {h.name: (full[:h.vocab_size] if ckpt.manifest.head(h.name).unembedding
                     == ckpt.manifest.head(native).unembedding
                     else ckpt.model.unembedding_rows(h.name).float()) for h in heads}
+    # The two-level reading scores each byte window as one context, like the other rows.
+    if grouped and not window_bytes:
+        raise ValueError("the grouped reading scores byte windows: give window_bytes")
+    groups = {h.name: PieceGroups.from_split(split) for h in heads[:-1] if grouped
+              and (split := ckpt.tokenizers[h.name].split) is not None
+              and h.unembedding == ckpt.manifest.head(native).unembedding}
     results = []
     for path in files:
         text = _head_of(path, max_bytes)
         pieces = byte_windows(text, window_bytes) if window_bytes else [text]
         native_spans = [_native_tokens(p, plain[native], byte_ids[native]) for p in pieces]
+        native_ids = [_spans(p, plain[native])[0] for p in pieces] if groups else []
         for h in heads:
             if only is not None and h.name not in only:
                 continue
@@ -205,12 +212,9 @@ def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int,
             log.info("%s %s: %.3f bytes/token, %.4f BPB, %.0f tok/s", h.name, r.source,
                      r.bytes_per_token, r.bpb, r.prefill_tokens_per_s)
             results.append(r)
-            split = ckpt.tokenizers[h.name].split
-            if grouped and split is not None and h.name != native \
-                    and h.unembedding == ckpt.manifest.head(native).unembedding:
-                native_ids = [_spans(p, plain[native])[0] for p in pieces]
+            if h.name in groups:
                 r = _score_grouped(ckpt, h.name, native, source_name(path), pieces,
-                                   native_ids, PieceGroups.from_split(split), full)
+                                   native_ids, groups[h.name], full)
                 log.info("%s %s: %.4f BPB", r.head, r.source, r.bpb)
                 results.append(r)
     return results

@@ -175,9 +175,12 @@ def _heads_eval(args: argparse.Namespace) -> None:
     from heads.eval.measure import AGGREGATE, KINDS, aggregate, by_source
     from heads.eval.report import run_eval
     from heads.eval.targets import quality_targets
+    from server.commands.errors import CliError
     from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
+    if args.grouped and not args.window_bytes:
+        raise CliError("--grouped scores byte windows: it needs --window-bytes > 0")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.languages is not None:

@@ -99,6 +99,9 @@ def test_cli_eval_scores_the_grouped_reading_and_judges_targets(tiny_model_dir: 
             assert g["bytes_per_token"] == native["bytes_per_token"]
             assert g["bpb"] > 0 and g["byte_fallback_share"] == 0
     assert f"{split[0]}{GROUPED}" in printed
+    # It scores byte windows only: token windows are refused in one line, not a traceback.
+    assert main(["heads", "eval", str(tiny_model_dir), "--languages", "en", "--window-bytes",
+                 "0", "--grouped"]) == 2
     assert any(line.startswith(f"target {split[0]}{GROUPED} on de") for line in
                quality_targets(table))
 
