@@ -126,8 +126,6 @@ def _unfitted(target: Path) -> bool:
 def refit_penalties(target: Path) -> None:
     """Fit the stored quality model again: from the per-language evaluation the build kept
     (seconds), else by running it (minutes)."""
-    import json
-
     table = target / PENALTY_EVAL_DIR / "eval-by-source.json"
     if table.is_file():
         store_penalties(target, json.loads(table.read_text()))
