@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from server.bench.gateway import own_state
 from tests.process_util import ServerProcess, wait_ready
 
 if not torch.cuda.is_available():
@@ -57,7 +58,8 @@ def start_gateway(model_dir: Path, log_path: Path, ready_timeout_s: float = 120,
     """Run `polyhead serve` as a real uvicorn process on a free loopback port."""
     port = free_port()
     full_env = {**os.environ, "POLYHEAD_MODEL": str(model_dir), "POLYHEAD_PORT": str(port),
-                "POLYHEAD_HOST": "127.0.0.1", "POLYHEAD_TORCH_THREADS": "1", **env}
+                "POLYHEAD_HOST": "127.0.0.1", "POLYHEAD_TORCH_THREADS": "1",
+                **own_state(env, log_path)}
     logf = log_path.open("w")
     proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve"], env=full_env,
                             stdout=logf, stderr=subprocess.STDOUT)

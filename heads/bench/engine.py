@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from heads.bench.engine_report import MIXED, PLUGIN, STOCK, BenchRow
+from heads.bench.engine_report import MIXED, PLUGIN, READING, STOCK, BenchRow
 from heads.engine.config import EngineConfig
+from heads.engine.grouped_reading import GroupedReading
 from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest, StepTiming
 from heads.manifest import BackboneConfig, HeadSpec
@@ -35,17 +36,21 @@ PROMPT = "Once upon a time, in a small village by the sea,"
 Runner = Callable[[list[int], int, int], float]  # (prompt ids, batch, new tokens) -> seconds
 
 
-def _local_runner(ckpt: Checkpoint, head: str, max_batch: int, max_len: int,
-                  timings: list[StepTiming] | None = None) -> Runner:
-    """`timings`, when given, collects every measured decode step (the calibration file)."""
+def _local_runner(ckpt: Checkpoint, head: str | tuple[str, ...], max_batch: int, max_len: int,
+                  timings: list[StepTiming] | None = None,
+                  readings: tuple[GroupedReading, ...] = ()) -> Runner:
+    """`timings`, when given, collects every measured decode step (the calibration file).
+    Several heads: the batch's requests take them in turn."""
+    heads = (head,) if isinstance(head, str) else head
     cfg = EngineConfig(num_kv_blocks=max_batch * (-(-max_len // 16) + 1) + 4,
                        max_num_seqs=max_batch, max_num_batched_tokens=max(1024, max_batch * 64))
-    engine = LocalEngine(ckpt.model, cfg)
+    engine = LocalEngine(ckpt.model, cfg, readings=readings)
 
     async def go(ids: list[int], batch: int, n: int) -> float:
         await engine.start()
-        reqs = [GenerationRequest(f"b{i}", head, tuple(ids), n, RowParams(temperature=0.0),
-                                  frozenset()) for i in range(batch)]
+        reqs = [GenerationRequest(f"b{i}", heads[i % len(heads)], tuple(ids), n,
+                                  RowParams(temperature=0.0), frozenset())
+                for i in range(batch)]
         t0 = time.perf_counter()
 
         async def one(r: GenerationRequest) -> int:
@@ -137,9 +142,12 @@ def _measure(runs: dict[str, Runner], ids: list[int], batch: int, n: int,
 
 def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
           engines: list[str], repeats: int = 1, heads: list[str] | None = None,
-          dtype: str | None = None, timings: list[StepTiming] | None = None) -> list[BenchRow]:
+          dtype: str | None = None, timings: list[StepTiming] | None = None,
+          grouped: list[str] | None = None) -> list[BenchRow]:
     """`dtype` overrides the checkpoint's dtype for every engine alike (None keeps it).
-    `timings`, when given, receives the local engine's measured decode steps."""
+    `timings`, when given, receives the local engine's measured decode steps. `grouped`:
+    split heads whose two-level readings the local engine also runs, in turns with the
+    native head (`_bench_readings`)."""
     torch.set_num_threads(threads)
     ckpt = load_checkpoint(model_dir, compute_dtype=dtype)
     rows: list[BenchRow] = []
@@ -158,6 +166,8 @@ def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
     try:
         _bench_heads(ckpt, batches, new_tokens, threads, engines, repeats, heads, timings,
                      vllm, rows)
+        if grouped:
+            _bench_readings(ckpt, batches, new_tokens, threads, repeats, grouped, rows)
         if PLUGIN in vllm:
             _bench_mixed(ckpt, batches, new_tokens, threads, repeats, heads, vllm[PLUGIN], rows)
     finally:
@@ -225,3 +235,29 @@ def _bench_mixed(ckpt: Checkpoint, batches: list[int], new_tokens: int, threads:
         row = _row(MIXED, f"{small.name}+{large.name}", large.vocab_size, b, threads,
                    new_tokens, dt[MIXED], f"{large.name} alone: {alone_ms:.1f} ms/step")
         rows.append(dataclasses.replace(row, alone_ms_per_step=alone_ms))
+
+
+def _bench_readings(ckpt: Checkpoint, batches: list[int], new_tokens: int, threads: int,
+                    repeats: int, grouped: list[str], rows: list[BenchRow]) -> None:
+    """Each split head's two-level reading, in turns with the native head alone and with a
+    batch split half and half between them, all on the native prompt (the reading emits
+    native ids, so the three rows decode the same bytes per token)."""
+    native = max(ckpt.manifest.heads, key=lambda h: h.vocab_size)
+    ids = _prompt(ckpt, native)
+    longest = len(ids) + new_tokens
+    for head in grouped:
+        reading = GroupedReading.of_split_head(ckpt.tokenizers, head)
+        runs = {native.name: _local_runner(ckpt, native.name, max(batches), longest),
+                reading.name: _local_runner(ckpt, reading.name, max(batches), longest,
+                                            readings=(reading,)),
+                f"{reading.name}|{native.name}": _local_runner(
+                    ckpt, (reading.name, native.name), max(batches), longest,
+                    readings=(reading,))}
+        for b in batches:
+            mixed = {k: r for k, r in runs.items() if b >= 2 or "|" not in k}
+            dt = _measure(mixed, ids, b, new_tokens, repeats)
+            alone_ms = 1000 * dt[native.name] / (new_tokens - 1)
+            for name, t in dt.items():
+                row = _row(READING, name, reading.vocab, b, threads, new_tokens, t,
+                           f"{native.name} alone: {alone_ms:.1f} ms/step")
+                rows.append(dataclasses.replace(row, alone_ms_per_step=alone_ms))

@@ -14,6 +14,9 @@ from pathlib import Path
 
 BASELINE = "transformers"
 PLUGIN, STOCK, MIXED = "vllm", "vllm-stock", "vllm-mixed"
+# The local engine serving a split head's two-level reading, beside the native head alone
+# and a batch split between both (head "<reading>|<native>").
+READING = "local-reading"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,20 +48,32 @@ def ratio(rows: list[BenchRow], row: BenchRow, baseline: str = BASELINE) -> floa
 
 
 def mixed_ratio(rows: list[BenchRow], row: BenchRow) -> float | None:
-    """A mixed row's ms/step ÷ the plugin's ms/step on its largest head alone, same B."""
-    if row.engine != MIXED or not row.alone_ms_per_step:
+    """A mixed row's ms/step ÷ its engine's ms/step on the largest head alone, same B (for
+    a reading's rows: the native head alone, which decodes the same bytes per token)."""
+    if row.engine not in (MIXED, READING) or not row.alone_ms_per_step:
         return None
     return row.ms_per_step / row.alone_ms_per_step
+
+
+def reading_lines(rows: list[BenchRow]) -> list[str]:
+    """Per reading and B: its step and a half-and-half batch's, ÷ the native head alone."""
+    out = []
+    for r in rows:
+        x = mixed_ratio(rows, r)
+        if r.engine == READING and x is not None and r.ms_per_step != r.alone_ms_per_step:
+            out.append(f"{r.head} B={r.batch}: {r.ms_per_step:.1f} ms/step = {x:.2f}x the "
+                       f"native head alone ({r.alone_ms_per_step:.1f}), same bytes/token")
+    return out
 
 
 def table(rows: list[BenchRow]) -> str:
     def fmt(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}x"
 
-    lines = [f"{'engine':<13}{'head':<10}{'V':>8}{'B':>5}{'thr':>4}{'ms/step':>10}"
+    lines = [f"{'engine':<14}{'head':<17}{'V':>8}{'B':>5}{'thr':>4}{'ms/step':>10}"
              f"{'tok/s':>10}{'vs ' + BASELINE:>17}{'vs vllm':>9}{'vs stock':>10}  note"]
     for r in rows:
-        lines.append(f"{r.engine:<13}{r.head:<10}{r.vocab_size:>8}{r.batch:>5}{r.threads:>4}"
+        lines.append(f"{r.engine:<14}{r.head:<17}{r.vocab_size:>8}{r.batch:>5}{r.threads:>4}"
                      f"{r.ms_per_step:>10.1f}{r.decode_tok_s:>10.1f}{fmt(ratio(rows, r)):>17}"
                      f"{fmt(ratio(rows, r, PLUGIN)):>9}{fmt(ratio(rows, r, STOCK)):>10}"
                      f"  {r.note}")
@@ -78,7 +93,8 @@ def _floor_verdict(rows: list[BenchRow], engine: str, baseline: str, target: flo
 
 
 def _mixed_verdict(rows: list[BenchRow], target: float) -> str | None:
-    cells = [(r, x) for r in rows if (x := mixed_ratio(rows, r)) is not None]
+    cells = [(r, x) for r in rows
+             if r.engine == MIXED and (x := mixed_ratio(rows, r)) is not None]
     if not cells:
         return None
     worst, x = max(cells, key=lambda c: c[1])

@@ -13,11 +13,12 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 
 from heads.engine.block_manager import BlockManager
 from heads.engine.config import EngineConfig
 from heads.engine.grammar import GrammarCompiler
+from heads.engine.grouped_reading import GroupedReading
 from heads.engine.model_runner import ModelRunner
 from heads.engine.scheduler import Scheduler
 from heads.engine.sequence import Sequence
@@ -35,8 +36,14 @@ _Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[TokenEvent | EngineErr
 
 class LocalEngine:
     def __init__(self, model: MultiHeadModel, config: EngineConfig,
-                 grammars: GrammarCompiler | None = None) -> None:
+                 grammars: GrammarCompiler | None = None,
+                 readings: Collection[GroupedReading] = ()) -> None:
+        """`readings`: two-level readings of split heads, each served as a head of its own
+        (heads/engine/grouped_reading.py); registered on `model` here."""
         self.model = model
+        self.readings = {r.name: r for r in readings}
+        for r in readings:
+            model.add_reading(r.name, r.head)
         self.config = config
         self.grammars = grammars  # structured output; None: such requests are refused
         backbone = model.manifest.backbone
@@ -48,7 +55,7 @@ class LocalEngine:
         self._scheduler = Scheduler(
             self._blocks, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
         )
-        self._runner = ModelRunner(model, config, num_blocks)
+        self._runner = ModelRunner(model, config, num_blocks, self.readings)
         self._cond = threading.Condition()
         self._inbox: list[Sequence] = []  # added, not yet handed to the scheduler
         self._aborts: list[Sequence] = []
@@ -157,7 +164,7 @@ class LocalEngine:
             if self.grammars is None:
                 raise EngineUnsupported("this engine was started without a grammar compiler")
             constraint = self.grammars.constraint(req.structured)  # compiled at planning
-        return Sequence(
+        seq = Sequence(
             request_id=req.request_id, head=req.head, prompt_ids=list(req.prompt_ids),
             params=req.sampling, max_tokens=req.max_tokens,
             stop_token_ids=frozenset(req.stop_token_ids), want_logprobs=req.want_logprobs,
@@ -165,6 +172,10 @@ class LocalEngine:
             top_logprobs=req.top_logprobs, prompt_logprobs=req.prompt_logprobs,
             constraint=constraint, rules=req.rules,
         )
+        reading = self.readings.get(req.head)
+        if reading is not None:
+            reading.refuse(seq)
+        return seq
 
     async def _stream(self, seq: Sequence) -> AsyncIterator[TokenEvent]:
         queue: asyncio.Queue[TokenEvent | EngineError] = asyncio.Queue()

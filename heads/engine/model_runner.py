@@ -16,6 +16,7 @@ import torch
 
 from heads.engine.config import EngineConfig
 from heads.engine.cpu_linear import pack_linears, packing_available
+from heads.engine.grouped_reading import GroupedReading
 from heads.engine.logprob_tops import prompt_tops, sampled_tops
 from heads.engine.prompt_score import ScoreJob, score_prompts
 from heads.engine.row_sampler import needs_row, sample_row
@@ -47,8 +48,10 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: MultiHeadModel, config: EngineConfig, num_blocks: int) -> None:
+    def __init__(self, model: MultiHeadModel, config: EngineConfig, num_blocks: int,
+                 readings: dict[str, GroupedReading] | None = None) -> None:
         self.model = model
+        self.readings = readings or {}  # name -> a two-level reading served as a head
         self.block_size = config.block_size
         self.device = torch.device(config.device)
         model.to(self.device)
@@ -79,6 +82,7 @@ class ModelRunner:
         self._kernel_counts: Counter[tuple[str, str]] = Counter()  # (head, kernel) -> groups
         self._counts_lock = threading.Lock()
         self.score_seconds = 0.0  # total time in prompt scoring (what live BPB costs)
+        self.native = max(model.manifest.heads, key=lambda h: h.vocab_size).name
 
     def enter_step_thread(self) -> None:
         """Per-thread settings for the thread that calls run (the engine's step thread)."""
@@ -198,6 +202,10 @@ class ModelRunner:
                     self._run_group(g, hidden)
         for g in groups:
             assert g.out is not None
+            reading = self.readings.get(g.head)
+            if reading is not None:  # the piece picked its group; the group's rows pick t
+                g.out = reading.second_level(self.model.head_output(self.native),
+                                             hidden[self._tensor(g.rows)], g.out, g.batch)
             toks = g.out.token_ids.tolist()
             lps = g.out.logprobs.tolist() if g.out.logprobs is not None else [None] * len(g.rows)
             for i, t, lp in zip(g.rows, toks, lps, strict=True):
@@ -280,11 +288,15 @@ class ModelRunner:
 
 def _pack_heads(model: MultiHeadModel) -> dict[str, PackedRows]:
     packer = RowPacker()
-    out = {}
+    out: dict[str, PackedRows] = {}
+    seen: dict[tuple, PackedRows] = {}  # the same rows (a reading's, an unadapted head's) once
     for head in model.heads:
         weight = model.head_output(head).weight
-        if packing_supported(weight):
-            out[head] = packer.pack(weight)
+        key = (weight.data_ptr(), tuple(weight.shape), weight.stride())
+        if key in seen:
+            out[head] = seen[key]
+        elif packing_supported(weight):
+            out[head] = seen[key] = packer.pack(weight)
     log.info("packed the rows of %d heads for oneDNN: %.1f MiB", len(out), packer.nbytes / 2**20)
     return out
 

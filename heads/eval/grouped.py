@@ -13,47 +13,20 @@ the first factor's deficit: row p alone stands for its whole group's mass. This 
 nested-tokenization view of lossless vocabulary reduction (Chijiwa et al., ICLR 2026,
 arXiv 2510.08102) with a per-piece shortlist in place of the full vocabulary.
 
-Only measured here (`polyhead heads eval --grouped`); the engine does not serve it.
+Scored here for `polyhead heads eval --grouped`; the local engine serves the same reading
+(heads/engine/grouped_reading.py).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from heads.model.forward import forward_hidden
 from heads.model.weights import Checkpoint
-from heads.vocab.split_table import SplitTable
-
-
-@dataclass(frozen=True, slots=True)
-class PieceGroups:
-    """Group of each head token: `members[offsets[p]:offsets[p + 1]]`, native ids, p first."""
-
-    piece: np.ndarray  # [native V] int64: the head token whose group holds each native id
-    offsets: np.ndarray  # [V + 1] int64
-    members: np.ndarray  # [native V] int64
-    rank: np.ndarray  # [native V] int64: position of each native id inside its group
-
-    @classmethod
-    def from_split(cls, table: SplitTable) -> PieceGroups:
-        v, n = table.vocab_size, table.native_size
-        piece = table.pieces[table.offsets[:-1]].astype(np.int64)  # first piece, [n]
-        piece[:v] = np.arange(v)  # a kept token heads its own group
-        # Stable sort by piece: p (id < V) precedes the removed ids it starts.
-        members = np.argsort(piece, kind="stable")
-        offsets = np.zeros(v + 1, dtype=np.int64)
-        np.cumsum(np.bincount(piece, minlength=v), out=offsets[1:])
-        rank = np.empty(n, dtype=np.int64)
-        rank[members] = np.arange(n) - offsets[piece[members]]
-        return cls(piece, offsets, members, rank)
-
-    def group(self, p: int) -> np.ndarray:
-        return self.members[self.offsets[p]:self.offsets[p + 1]]
+from heads.vocab.piece_groups import PieceGroups
 
 
 @torch.inference_mode()

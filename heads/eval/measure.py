@@ -28,9 +28,10 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from heads.corpus.splits import read_documents, source_name
-from heads.eval.grouped import PieceGroups, grouped_token_bits
+from heads.eval.grouped import grouped_token_bits
 from heads.model.forward import forward_hidden
 from heads.model.weights import Checkpoint
+from heads.vocab.piece_groups import PieceGroups
 from heads.vocab.specials import spelled_specials
 from heads.vocab.split_table import SplitTable
 

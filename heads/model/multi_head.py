@@ -14,6 +14,7 @@ Tensor names (the checkpoint's safetensors keys):
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -56,6 +57,7 @@ class MultiHeadModel(nn.Module):
             raise CheckpointError(f"compute dtype {self.dtype_name!r} not in {sorted(_DTYPES)}")
         self.dtype = _DTYPES[self.dtype_name]
         self.heads: dict[str, HeadSpec] = {h.name: h for h in manifest.heads}
+        self._readings: dict[str, int] = {}  # reading -> V of its first level (add_reading)
         self.backbone = build_backbone(manifest)
         self._load_backbone(tensors)
         # Matrix names contain dots, which module attribute names may not, so each one is a
@@ -162,9 +164,25 @@ class MultiHeadModel(nn.Module):
         h = self._head(head_name)
         return self._matrix(h.unembedding)[: h.vocab_size]
 
+    def add_reading(self, name: str, head: str) -> None:
+        """Serve `name` as a reading of the native head whose logits are `head`'s first V
+        rows of it, unadapted (heads/engine/grouped_reading.py adds the second level): it
+        embeds and emits native ids, so its spec is the native head's under a new name."""
+        v = self._head(head).vocab_size
+        if self._readings.get(name) == v:
+            return  # registered already (engines built one after another on one model)
+        if name in self.heads:
+            raise ValueError(f"head {name!r} exists already")
+        native = max(self.manifest.heads, key=lambda h: h.vocab_size)
+        self.heads[name] = replace(native, name=name)
+        self._readings[name] = v
+
     def head_output(self, head_name: str) -> HeadOutput:
         """What the head's logits come from: every logits path goes through this, so an
-        adapted head is adapted everywhere. Unadapted: the shared rows, no bias."""
+        adapted head is adapted everywhere. Unadapted: the shared rows, no bias. A reading
+        (add_reading): the native rows up to its level's V."""
+        if head_name in self._readings:
+            return HeadOutput(self.unembedding_rows(head_name)[:self._readings[head_name]])
         rows = self.unembedding_rows(head_name)
         attrs = self._adapter_attr.get(head_name)
         if attrs is None:

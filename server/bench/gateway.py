@@ -124,14 +124,30 @@ def served(cmd: list[str], env: dict[str, str], port: int, log: Path,
         proc.wait(timeout=60)
 
 
-def _gateway_env(model: str, port: int, env: dict[str, str]) -> dict[str, str]:
+_STATE_VARS = ("POLYHEAD_CACHE_DIR", "POLYHEAD_LAMBDA_STORE", "POLYHEAD_REDIS_URL")
+
+
+def own_state(env: dict[str, str], log: Path) -> dict[str, str]:
+    """`env` plus a λ counters file beside `log`, unless the caller chose where state lives.
+
+    A gateway started for a test or a bench must not write the user's own counters
+    (<cache_dir>/lambda.json): its served bytes and learned output bytes/token would steer
+    the user's next `polyhead serve`. The model cache stays shared, so the demo is reused.
+    """
+    if any(k in env for k in _STATE_VARS):
+        return env
+    return {**env, "POLYHEAD_LAMBDA_STORE": str(log.with_name(f"{log.stem}-lambda.json"))}
+
+
+def _gateway_env(model: str, port: int, log: Path, env: dict[str, str]) -> dict[str, str]:
     return {**os.environ, "POLYHEAD_MODEL": model, "POLYHEAD_PORT": str(port),
-            "POLYHEAD_HOST": "127.0.0.1", "POLYHEAD_LOG_LEVEL": "WARNING", **env}
+            "POLYHEAD_HOST": "127.0.0.1", "POLYHEAD_LOG_LEVEL": "WARNING",
+            **own_state(env, log)}
 
 
 @contextmanager
 def gateway_process(model: str, port: int, log: Path, **env: str) -> Iterator[Served]:
-    with served([sys.executable, "-m", "server.cli", "serve"], _gateway_env(model, port, env),
+    with served([sys.executable, "-m", "server.cli", "serve"], _gateway_env(model, port, log, env),
                 port, log) as s:
         yield s
 

@@ -28,6 +28,10 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
                         "(stock vLLM on each head's `export vllm --per-head` directory, the "
                         "baseline of the targets)")
     p.add_argument("--heads", help="comma-separated head names (default: all)")
+    p.add_argument("--grouped", default="",
+                   help="comma-separated split heads (e.g. 32k): the local engine also runs "
+                        "each one's two-level reading (<head>+groups), alone and half and half "
+                        "with the native head, in turns with the native head alone")
     p.add_argument("--repeats", type=int, default=1, help="best of this many timed runs")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "stored"], default="float32",
                    help="compute dtype for every engine (default float32: fastest on CPU)")
@@ -47,7 +51,7 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> None:
     from heads.bench.engine import bench
-    from heads.bench.engine_report import table, verdicts, write
+    from heads.bench.engine_report import reading_lines, table, verdicts, write
     from server.commands.errors import CliError
     from server.ops.logging_setup import configure_logging
 
@@ -72,8 +76,10 @@ def _run(args: argparse.Namespace) -> None:
     timings: list = []
     if "decode" in scenarios:
         rows = bench(model, args.batches, args.tokens, args.threads, engines, args.repeats,
-                     heads, dtype, timings)
+                     heads, dtype, timings, [h for h in args.grouped.split(",") if h])
         print(table(rows))
+        for line in reading_lines(rows):
+            print(line)
         for verdict in verdicts(rows):
             print(verdict)
         js, png = write(rows, args.out)

@@ -29,6 +29,23 @@ def test_bench_engine_quick_mode(tiny_model_dir: Path, tmp_path: Path, capsys) -
     assert [r["context"] for r in local["kv_per_request"]] == [1024, 4096]
 
 
+def test_bench_engine_times_a_two_level_reading_beside_the_native_head(
+        tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
+    assert main(["bench", "engine", "--model", str(tiny_model_dir), "--batches", "1,2",
+                 "--tokens", "3", "--backends", "local", "--heads", "8k", "--grouped", "1k",
+                 "--scenarios", "decode", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads((tmp_path / "bench_engine.json").read_text())
+    reading = {(r["head"], r["batch"]): r for r in rows if r["engine"] == "local-reading"}
+    # Alone at both B; the half-and-half batch only where there are two requests to split.
+    assert set(reading) == {("8k", 1), ("8k", 2), ("1k+groups", 1), ("1k+groups", 2),
+                            ("1k+groups|8k", 2)}
+    assert all(r["decode_tok_s"] > 0 and r["mixed_vs_largest_alone"] > 0
+               for r in reading.values())
+    assert re.search(r"1k\+groups B=2: [\d.]+ ms/step = [\d.]+x the native head alone", out)
+    assert "1k+groups|8k B=2" in out
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(1200)

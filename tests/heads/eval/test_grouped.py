@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from heads.eval.grouped import PieceGroups, grouped_token_bits
+from heads.eval.grouped import grouped_token_bits
 from heads.eval.measure import GROUPED
 from heads.eval.targets import quality_targets
 from heads.model.forward import forward_hidden
 from heads.model.weights import Checkpoint, load_checkpoint
+from heads.vocab.piece_groups import PieceGroups
 from server.cli import main
 
 TEXT = "The quick brown fox jumps over the lazy dog; naïve café, 1913."

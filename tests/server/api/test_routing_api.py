@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -36,6 +37,17 @@ def test_decisions_are_recorded_and_served(gateway) -> None:
     assert "polyhead_head_max_batch{" in metrics
 
 
+def _accounted_heads(url: str, timeout_s: float = 10.0) -> dict:
+    """The λ view's heads once the finished request is counted: a response reaches the
+    client before the gateway's accounting of it runs."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        heads = httpx.get(f"{url}/admin/lambda", headers=AUTH, timeout=10).json()["heads"]
+        if sum(v["served_bytes"] for v in heads.values()) > 0 or time.monotonic() > deadline:
+            return heads
+        time.sleep(0.05)
+
+
 def test_lambda_forecast_and_counters_survive_a_restart(tiny_model_dir, tmp_path) -> None:
     env = {"POLYHEAD_ADMIN_TOKEN": ADMIN_TOKEN, "POLYHEAD_CACHE_DIR": str(tmp_path / "cache"),
            "POLYHEAD_LAMBDA_SYNC_S": "0.2"}
@@ -48,7 +60,7 @@ def test_lambda_forecast_and_counters_survive_a_restart(tiny_model_dir, tmp_path
         r = httpx.put(f"{gw.url}/admin/lambda", headers=AUTH, json={"forecast": 5.0},
                       timeout=10)
         assert r.status_code == 200 and r.json()["effective"] == 5.0
-        served = r.json()["heads"]
+        served = _accounted_heads(gw.url)
     finally:
         assert stop_gateway(gw) == 0
     gw = start_gateway(tiny_model_dir, tmp_path / "b.log", **env)

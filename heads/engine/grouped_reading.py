@@ -1,0 +1,92 @@
+"""A split head's two-level reading served as a head of its own, `<head>+groups`.
+
+The reading reads and emits native ids, so its KV cache, prefix cache and bytes per token
+are the native head's and the backbone never sees a split word. What it saves is the
+unembedding: a step reads the head's V rows, plus the rows of one group per sequence
+(heads/vocab/piece_groups.py), instead of every native row.
+
+    level 1: the kernels sample piece p from softmax(h W[:V] / T), top-k / top-p applied;
+             W[:V] are the native head's first rows, so this shares the nested pass with
+             every head whose rows are a prefix of the same matrix;
+    level 2: where p leads removed tokens, p's group's native rows [n_p, d] give
+             softmax(h W[group p] / T), sampled with noise from a stream of its own
+             (seed ^ LEVEL2_STREAM), so it is independent of the noise level 1 drew at p.
+
+The reported logprob is log P1(p) + log P2(t | p) at T = 1: the reading's own distribution,
+the one `heads eval --grouped` scores. Greedy takes the argmax of each level: the most
+likely token of the most likely group, not always the argmax of the product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from heads.engine.sequence import Sequence
+from heads.errors import EngineUnsupported
+from heads.model.adapter import HeadOutput
+from heads.vocab.piece_groups import PieceGroups
+from heads.vocab.tokenizer import HeadTokenizer
+from kernels.reference import sample_from_logits
+from kernels.sampling_params import SampleOutput, SamplingBatch
+
+GROUPED_SUFFIX = "+groups"
+LEVEL2_STREAM = 0x2545F4914F6CDD1D  # xor'ed into the seed: level 2's noise stream
+
+
+@dataclass(frozen=True)
+class GroupedReading:
+    name: str  # `<head>+groups`
+    head: str  # the split head whose V rows are level 1
+    vocab: int  # its V
+    offsets: torch.Tensor  # [V + 1] int64: group p is members[offsets[p]:offsets[p + 1]]
+    members: torch.Tensor  # [V_native] int64, native ids, each group led by its piece
+
+    @classmethod
+    def of(cls, head: str, groups: PieceGroups) -> GroupedReading:
+        return cls(head + GROUPED_SUFFIX, head, len(groups.offsets) - 1,
+                   torch.from_numpy(groups.offsets), torch.from_numpy(groups.members))
+
+    @classmethod
+    def of_split_head(cls, tokenizers: Mapping[str, HeadTokenizer], head: str
+                      ) -> GroupedReading:
+        split = tokenizers[head].split if head in tokenizers else None
+        if split is None:
+            raise EngineUnsupported(f"head {head!r} has no split table: only a "
+                                    "boundary-preserving head has a two-level reading")
+        return cls.of(head, PieceGroups.from_split(split))
+
+    def refuse(self, seq: Sequence) -> None:
+        """What the reading does not serve yet: each needs the logits of every native id,
+        which it never materialises (a grammar, logit rules, alternatives, a prompt score)."""
+        asked = [what for what, on in (
+            ("structured output", seq.constraint is not None),
+            ("logit rules (bias, penalties, min_p)", seq.rules.shapes),
+            ("top_logprobs", seq.top_logprobs > 0),
+            ("prompt_logprobs", seq.prompt_logprobs is not None),
+            ("prompt scoring", seq.score_prompt)) if on]
+        if asked:
+            raise EngineUnsupported(f"head {self.name!r} does not serve {', '.join(asked)}")
+
+    def second_level(self, native: HeadOutput, hidden: torch.Tensor, first: SampleOutput,
+                     batch: SamplingBatch) -> SampleOutput:
+        """hidden: [b, d], the rows level 1 sampled `first.token_ids` (pieces, < V) for.
+        -> native ids [b] and, where level 1 reported them, the summed logprobs [b]."""
+        pieces = first.token_ids.cpu()
+        tokens = pieces.clone()
+        logprobs = None if first.logprobs is None else first.logprobs.clone()
+        lo, hi = self.offsets[pieces], self.offsets[pieces + 1]
+        for i in torch.nonzero(hi - lo > 1).squeeze(1).tolist():
+            ids = self.members[lo[i]:hi[i]].to(native.weight.device)  # [n_p]
+            logits = (native.hidden(hidden[i:i + 1]) @ native.weight[ids].T).float()  # [1, n_p]
+            row = SamplingBatch(batch.temperature[i:i + 1], torch.ones(1),
+                                torch.zeros(1, dtype=torch.int64),
+                                batch.seed[i:i + 1] ^ LEVEL2_STREAM, batch.position[i:i + 1],
+                                want_logprobs=logprobs is not None)
+            out = sample_from_logits(logits, row)
+            tokens[i] = ids[int(out.token_ids[0])]
+            if logprobs is not None and out.logprobs is not None:
+                logprobs[i] += out.logprobs[0].to(logprobs.dtype)
+        return SampleOutput(tokens.to(first.token_ids.device), logprobs)
