@@ -19,6 +19,7 @@ The native (largest) head is never adapted: it is the teacher the others are fit
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,9 @@ class PenaltySpec:
     # The smallest split share the head showed on them: what a short prompt's own share is
     # shrunk towards. None: fitted before polyhead stored it (refitted on load).
     prior_split: float | None = None
+    # A two-level reading's: native rows its second level reads per token of the evaluated
+    # text (the sampled piece's group where it has more than one member); None otherwise.
+    group_rows: float | None = None
 
     def validate(self, where: str) -> None:
         if self.per_split < 0 or self.per_fallback_share < 0 or (self.prior_split or 0) < 0:
@@ -183,6 +187,11 @@ class HeadSpec:
     split_table: str | None = None
     # A learned output correction on top of the shared rows (AdapterSpec above).
     adapter: AdapterSpec | None = None
+    # A two-level reading of this split head (heads/vocab/piece_groups.py), named
+    # `<reads>` + READING_SUFFIX: it encodes, embeds and emits native ids and its logits
+    # are the split head's V rows, then the sampled piece's group. Never stored in a
+    # checkpoint: `Manifest.with_readings` adds it for serving.
+    reads: str | None = None
 
     def validate(self, where: str) -> None:
         if not self.name or ":" in self.name:
@@ -234,6 +243,29 @@ class Manifest:
         spec = _build(PenaltySpec, raw, f"extra.{PENALTY_KEY}.{name}")
         spec.validate(f"extra.{PENALTY_KEY}.{name}")
         return spec
+
+    def with_readings(self, heads: Sequence[str]) -> Manifest:
+        """A copy that also serves each named split head's two-level reading as a head of
+        its own, after the heads it reads (HeadSpec.reads)."""
+        native = max(self.heads, key=lambda h: h.vocab_size)
+        readable = set(self.readings.values())
+        for name in heads:
+            if name not in readable:
+                raise CheckpointError(
+                    f"head {name!r} has no two-level reading: only a split head nested in the "
+                    f"native head's rows has one (here: {', '.join(sorted(readable)) or 'none'})")
+        added = [replace(native, name=name + READING_SUFFIX, reads=name, bpb=None)
+                 for name in heads]
+        return replace(self, heads=(*self.heads, *added))
+
+    @property
+    def readings(self) -> dict[str, str]:
+        """reading name -> split head, for every split head nested in the native head's
+        rows (each has a two-level reading; with_readings serves it)."""
+        native = max(self.heads, key=lambda h: h.vocab_size)
+        return {h.name + READING_SUFFIX: h.name for h in self.heads
+                if h.split_table is not None and h.reads is None
+                and h.unembedding == native.unembedding}
 
     def with_penalties(self, fits: dict[str, PenaltySpec]) -> Manifest:
         """A copy with these heads' fits stored (others kept)."""
@@ -289,8 +321,8 @@ class Manifest:
             extra=raw.get("extra", {}),
         )
         m.validate()
-        for h in m.heads:  # a malformed fit fails at load, not at the first request
-            m.penalty(h.name)
+        for name in (*m.head_names, *m.readings):  # a malformed fit fails at load
+            m.penalty(name)
         return m
 
     @staticmethod
@@ -342,6 +374,7 @@ _RECORDS: dict[str, type] = {"AdapterSpec": AdapterSpec, "PenaltySpec": PenaltyS
 # extra[PENALTY_KEY]: head -> PenaltySpec fields. In `extra`, not in the head records, so a
 # polyhead that predates the fit still reads the manifest (it ignores what it does not know).
 PENALTY_KEY = "bpb_penalty"
+READING_SUFFIX = "+groups"  # a split head's two-level reading: `<head>+groups`
 _SCALARS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,)}
 
 

@@ -10,11 +10,14 @@ s = weight bytes per parameter and B = Σ b_g (the backbone runs once for all gr
                       (a nested pass over heads that share rows reads the largest one's
                       V_max·d·s once, as the engine runs it when `kernels.nested_plan`
                       picks it; any other group is a pass of its own)
+    group rows        Σ b_g·R_g·d·s                                ÷ BW
+                      (a two-level reading's second level: R_g native rows of the sampled
+                      piece's group per sequence; 0 for any other head)
     sampler traffic   Σ 8·b_g·V_g when its pass runs split         ÷ BW
                       (GEMM + sampler writes and re-reads fp32 logits; the streaming kernel
                       the engine picks below the crossover b* never materializes them; b* is
                       `kernels.crossover`'s, the rule the engine's selector uses)
-    FLOPs             2·B·N + Σ 2·b_g·V_g·d + 2·Σ b_g·ctx_g·kv/s   ÷ F
+    FLOPs             2·B·N + Σ 2·b_g·(V_g + R_g)·d + 2·Σ b_g·ctx_g·kv/s   ÷ F
                       (backbone, unembedding, attention QKᵀ and AV over the KV elements)
 
 The memory resources share one bus, so the optimistic floor maxes their *sum* against
@@ -134,6 +137,12 @@ def prefill_s(head: HeadProfile, timer: StepTimer, tokens: float) -> float:
         head.weight_bytes_per_param / d.mem_bw
 
 
+def group_rows(head: HeadProfile) -> float:
+    """Parameters a two-level reading's second level reads per sequence and step (its
+    sampled piece's group of native rows); 0 for any other head."""
+    return head.group_rows * head.hidden_size
+
+
 def split_kernel(group: Group, device: DeviceSpec,
                  calibration: CrossoverCalibration | None = None) -> bool:
     """Whether the engine runs this group as GEMM + sampler (logits materialized)."""
@@ -202,8 +211,9 @@ def mixed_step_cost(groups: Sequence[Group], device: DeviceSpec,
         # One backbone read per step, whichever group is biggest (heads share the backbone).
         weights = max(weights, h.backbone_params * s)
         kv += g.batch * g.ctx_tokens * h.kv_bytes_per_token
-        flops += 2.0 * g.batch * (h.backbone_params + h.unembed_params)
+        flops += 2.0 * g.batch * (h.backbone_params + h.unembed_params + group_rows(h))
         flops += 2.0 * g.batch * g.ctx_tokens * h.kv_bytes_per_token / s
+        unembed += g.batch * group_rows(h) * s  # a reading's second level, per sequence
     for p in unembed_passes(groups, device, calibration):
         w_bytes, s_bytes = _pass_bytes(p, device, calibration)
         unembed += w_bytes
@@ -298,7 +308,7 @@ def marginal_step_s(head: HeadProfile, timer: StepTimer, live: Sequence[Group],
     # A calibrated timer's measured shapes are noisy; a request never costs less than its own
     # FLOPs at peak (2·(N + V·d) per token, plus attention over its context).
     d = timer.device
-    floor = 2.0 * (head.backbone_params + head.unembed_params
+    floor = 2.0 * (head.backbone_params + head.unembed_params + group_rows(head)
                    + ctx_tokens * head.kv_bytes_per_token / head.weight_bytes_per_param) \
         / d.peak_flops
     return max(delta, floor)

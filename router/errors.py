@@ -38,6 +38,17 @@ class NoHeadHoldsIds(RouterError):
         self.min_vocab = min_vocab
 
 
+class ReadingLacksLogits(RouterError):
+    """The active policy routes to a two-level reading a request that needs every id's logit
+    (a grammar, logit rules, alternatives), which a reading never materialises."""
+
+    def __init__(self, head: str) -> None:
+        super().__init__(f"the policy routes to {head}, a two-level reading, which does not "
+                         "serve structured output, logit rules or top/prompt logprobs; pin "
+                         "another head or change the policy")
+        self.head = head
+
+
 class VersionConflict(RouterError):
     """A policy change named a version that is no longer the active one (optimistic locking)."""
 

@@ -52,6 +52,12 @@ class HeadProfile:
     # its checkpoint was built: (per unit of split share, per unit share of byte-token bytes[,
     # prior split share]), router.segmentation.PenaltyFit's fields. None: the default fit.
     bpb_penalty: tuple[float, ...] | None = None
+    # A two-level reading (a split head's V rows pick a group of native tokens, the group's
+    # rows pick the token): `vocab_size` is its first level's V, `group_rows` the native rows
+    # each of its sequences reads per step past them (mean over evaluated text), and
+    # `reads` the split head it reads, whose split share of a prompt predicts its penalty.
+    group_rows: float = 0.0
+    reads: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -66,6 +72,8 @@ class HeadProfile:
             raise ValueError(f"{self.name}: bytes_per_token must be > 0")
         if self.bpb is not None and self.bpb <= 0:
             raise ValueError(f"{self.name}: bpb must be > 0")
+        if self.group_rows < 0:
+            raise ValueError(f"{self.name}: group_rows must be >= 0")
         if self.bpb_penalty is not None and min(self.bpb_penalty) < 0:
             raise ValueError(f"{self.name}: bpb_penalty coefficients must be >= 0")
 
@@ -109,6 +117,9 @@ class RequestFeatures:
     script: str = "unknown"  # dominant Unicode script class of the prompt (heads.vocab.scripts)
     session: str | None = None  # the client's conversation id (router.affinity)
     min_vocab: int = 0  # only heads with V >= this hold every token id the request names
+    # The request needs every id's logit (a grammar, logit rules, alternatives, a prompt's
+    # logprobs): a two-level reading never materialises them, so it is not a candidate.
+    needs_logits: bool = False
     # Filled by the router before the policy runs (router.compression, router.segmentation):
     predicted_bpt: Mapping[str, float] = field(default_factory=dict)  # head -> output B/token
     bpb_penalty: Mapping[str, float] = field(default_factory=dict)  # head -> predicted loss

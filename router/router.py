@@ -19,6 +19,7 @@ from router.decisions import DEFAULT_CAPACITY, DecisionLog
 from router.errors import (
     HeadUnavailable,
     NoHeadHoldsIds,
+    ReadingLacksLogits,
     RouterError,
     UnknownHead,
     VersionConflict,
@@ -205,12 +206,14 @@ class Router:
             out.append(Decision(c.head, spec.name, 0, c.reason, c.costs, c.code))
         return out
 
-    def _routable(self, min_vocab: int = 0) -> tuple[HeadProfile, ...]:
+    def _routable(self, min_vocab: int = 0, needs_logits: bool = False
+                  ) -> tuple[HeadProfile, ...]:
         drained = self._drained
         profiles = tuple(p for p in self.profiles if p.name not in drained)
         if not profiles:
             raise HeadUnavailable("every head is drained")
-        holding = tuple(p for p in profiles if p.vocab_size >= min_vocab)
+        holding = tuple(p for p in profiles if p.vocab_size >= min_vocab
+                        and not (needs_logits and p.reads is not None))
         if not holding:
             raise NoHeadHoldsIds(min_vocab)
         return holding
@@ -254,13 +257,16 @@ class Router:
             return Decision(features.pinned_head, "request_pin", active.version, reason, {},
                             "request_pin", inputs_of(snap, live_batch(snap)), time.time(),
                             request_record(features)), features
-        profiles = self._routable(features.min_vocab)
+        profiles = self._routable(features.min_vocab, features.needs_logits)
         snap = self.state.snapshot()
         features = self._predict(features, snap, profiles, active.spec)
         c = (policy or active.policy).decide(features, snap, profiles)
         if c.head in self._drained:  # a pinned policy whose head an operator drained
             raise HeadUnavailable(f"policy {active.spec.name} routes to drained head {c.head}")
         if all(p.name != c.head for p in profiles):  # a pinned policy's head lacks the ids
+            if features.needs_logits and any(p.name == c.head and p.reads is not None
+                                             for p in self.profiles):
+                raise ReadingLacksLogits(c.head)
             raise NoHeadHoldsIds(features.min_vocab)
         if c.head in features.excluded:  # a policy that does not price requests itself
             c = _within_bound(c, features, profiles)

@@ -107,25 +107,29 @@ DEFAULT_FIT = PenaltyFit(per_split=2.61, per_fallback_share=0.0)
 
 
 def fit_points(by_source: Mapping[str, Mapping[str, Mapping[str, float]]],
-               vocab: Mapping[str, int]) -> list[tuple[str, str, float, float, float]]:
+               vocab: Mapping[str, int], split_of: Mapping[str, str] | None = None
+               ) -> list[tuple[str, str, float, float, float]]:
     """(source, head, split, fallback, observed penalty) from an evaluation table: source ->
     head -> {bytes_per_token, byte_fallback_share (of tokens), bpb}, as `polyhead heads eval`
-    writes it (eval-by-source.json); `vocab`: head -> V, to find the native head."""
+    writes it (eval-by-source.json); `vocab`: head -> V, to find the native head;
+    `split_of`: reading -> the split head whose segmentation gives its split share."""
+    spelled = dict(split_of or {})
     out = []
     for source, row in by_source.items():
-        heads = [h for h in row if h in vocab]
+        heads = [h for h in row if h in vocab and spelled.get(h, h) in row]
         if len(heads) < 2:
             continue
-        native = max(heads, key=vocab.__getitem__)
+        native = max((h for h in heads if h not in spelled), key=vocab.__getitem__)
         ref = row[native]
         for h in heads:
             if h == native:
                 continue
-            x = row[h]
+            x = row[spelled.get(h, h)]
             bpt = float(x["bytes_per_token"])
             split = 1.0 - bpt / float(ref["bytes_per_token"])  # 1 − tokens_native / tokens_h
             fallback = float(x.get("byte_fallback_share", 0.0)) / bpt  # of tokens -> of bytes
-            out.append((source, h, split, fallback, float(x["bpb"]) / float(ref["bpb"]) - 1.0))
+            out.append((source, h, split, fallback,
+                        float(row[h]["bpb"]) / float(ref["bpb"]) - 1.0))
     return out
 
 
@@ -157,8 +161,11 @@ def penalties(profiles: Sequence[HeadProfile], features: RequestFeatures,
     out = {}
     for p in tokenized:
         own = fit if p.bpb_penalty is None else PenaltyFit(*p.bpb_penalty)
-        split = own.split_share(base, features.tokens[p.name].prompt_tokens)
-        out[p.name] = own.penalty(split, features.fallback_share(p.name))
+        # A reading emits native ids; its loss follows how much its split head splits.
+        spelled = p.reads if p.reads is not None and p.reads in features.tokens \
+            else p.name
+        split = own.split_share(base, features.tokens[spelled].prompt_tokens)
+        out[p.name] = own.penalty(split, features.fallback_share(spelled))
     return out
 
 

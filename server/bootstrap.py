@@ -24,7 +24,8 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from heads.checkpoint import load_metadata
 from heads.engine.config import EngineConfig
-from heads.manifest import Manifest
+from heads.errors import CheckpointError
+from heads.manifest import HeadSpec, Manifest
 from heads.model.weights import load_checkpoint
 from heads.vocab.tokenizer import HeadTokenizer
 from kernels.cache_paths import calibration_dir
@@ -33,7 +34,7 @@ from kernels.devices import DeviceSpec, detect_cpu, lookup_device
 from kernels.roofline import DTYPE_BYTES
 from router.admission import Admission, KVBudget, OutputRatio
 from router.cost import AnalyticTimer, StepTimer
-from router.profiles import HeadProfile
+from router.profiles import HeadProfile, estimate_bytes_per_token
 from router.router import Router
 from router.state import LiveState
 from router.step_time_file import timer_from_file
@@ -94,21 +95,31 @@ def head_profiles(manifest: Manifest, dtype: str | None = None,
     return [
         HeadProfile(
             name=h.name,
-            vocab_size=h.vocab_size,
+            # A reading's logits read its split head's V rows, plus one group per sequence.
+            vocab_size=h.vocab_size if h.reads is None else manifest.head(h.reads).vocab_size,
             hidden_size=b.hidden_size,
             backbone_params=b.num_parameters(),
             kv_bytes_per_token=b.kv_bytes_per_token_per_elem * s,
             weight_bytes_per_param=s,
-            bytes_per_token=h.bytes_per_token,
+            # A reading emits native ids: unmeasured, it is estimated at the native V.
+            bytes_per_token=(h.bytes_per_token if h.bytes_per_token is not None or h.reads is None
+                             else estimate_bytes_per_token(h.vocab_size)),
             training_bytes=h.training_bytes,
             bpb=h.bpb,
             training_sunk=h.training_sunk,
             shared_rows=(h.unembedding if nested_pass and (
                 h.adapter is None or h.adapter.kind == "hidden") else None),
             bpb_penalty=_penalty(manifest, h.name),
+            group_rows=_group_rows(manifest, h),
+            reads=h.reads,
         )
         for h in manifest.heads
     ]
+
+
+def _group_rows(manifest: Manifest, h: HeadSpec) -> float:
+    fit = manifest.penalty(h.name) if h.reads is not None else None
+    return 0.0 if fit is None or fit.group_rows is None else fit.group_rows
 
 
 def _penalty(manifest: Manifest, head: str) -> tuple[float, float, float] | None:
@@ -158,13 +169,21 @@ def open_backend(
     if settings.backend == "vllm":
         from server.backends.vllm.factory import make_vllm_backend
 
+        if settings.grouped_heads:
+            raise CheckpointError("grouped_heads: the vLLM backend does not serve two-level "
+                                  "readings; use the local backend or drop the setting")
         manifest, tokenizers = load_metadata(model_dir)
         dtype = settings.vllm_dtype if settings.vllm_dtype != "auto" else compute_dtype(settings)
         backend: Backend = make_vllm_backend(settings, model_dir, manifest, dtype)
         return manifest, tokenizers, backend, engine_config(settings, manifest)
     ckpt = load_checkpoint(model_dir, compute_dtype=compute_dtype(settings))
     econf = engine_config(settings, ckpt.manifest)
-    return ckpt.manifest, ckpt.tokenizers, make_backend(settings, ckpt, econf), econf
+    # A reading encodes with the native head's tokenizer and is served as a head of its own.
+    manifest = ckpt.manifest.with_readings(settings.grouped_heads)
+    native = max(ckpt.manifest.heads, key=lambda h: h.vocab_size).name
+    tokenizers = {**ckpt.tokenizers, **{h.name: ckpt.tokenizers[native]
+                                        for h in manifest.heads if h.reads is not None}}
+    return manifest, tokenizers, make_backend(settings, ckpt, econf, manifest), econf
 
 
 # --- services entered in the lifespan ----------------------------------------------------------

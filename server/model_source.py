@@ -86,7 +86,7 @@ def fit_penalties(target: Path, languages: Sequence[str] | None = None,
              len(langs), max_bytes)
     results, _ = run_eval(target, [sample_path(lang) for lang in langs], max_bytes=max_bytes,
                           window=512, out=target / PENALTY_EVAL_DIR, compute_dtype="float32",
-                          window_bytes=max_bytes, update_manifest=False)
+                          window_bytes=max_bytes, update_manifest=False, grouped=True)
     return store_penalties(target, by_source(results))
 
 
@@ -99,13 +99,18 @@ def store_penalties(target: Path, table: Mapping[str, Mapping[str, Mapping[str, 
 
     m = Manifest.load(target)
     vocab = {h.name: h.vocab_size for h in m.heads}
-    fits = fit_by_head(fit_points(table, vocab))
     native = max(m.heads, key=lambda h: h.vocab_size).name
+    # A two-level reading's rows (`heads eval --grouped`) are fitted on its split head's
+    # split share: the reading emits native ids, so its own share is 0.
+    readings = m.readings
+    vocab.update({r: vocab[h] for r, h in readings.items()})
+    fits = fit_by_head(fit_points(table, vocab, readings))
     sources = tuple(table)
     out = {native: PenaltySpec(0.0, 0.0, 0.0, len(sources), sources, 0.0)}
     for head, (fit, mae, n) in fits.items():
         out[head] = PenaltySpec(round(fit.per_split, 4), round(fit.per_fallback_share, 4),
-                                round(mae, 4), n, sources, round(fit.prior_split, 4))
+                                round(mae, 4), n, sources, round(fit.prior_split, 4),
+                                _group_rows(table, head) if head in readings else None)
         log.info("%s: penalty = %.3g x split + %.3g x fallback (mean abs error %.3f, %d "
                  "languages; prior split share %.3f)", head, fit.per_split,
                  fit.per_fallback_share, mae, n, fit.prior_split)
@@ -113,11 +118,20 @@ def store_penalties(target: Path, table: Mapping[str, Mapping[str, Mapping[str, 
     return out
 
 
+def _group_rows(table: Mapping[str, Mapping[str, Mapping[str, Any]]], reading: str) -> float:
+    """A reading's second-level rows per token, over every evaluated language's tokens."""
+    rows = [(float(r[reading].get("group_rows_per_token", 0.0)), int(r[reading]["tokens"]))
+            for r in table.values() if reading in r]
+    tokens = sum(n for _, n in rows)
+    return round(sum(x * n for x, n in rows) / tokens, 1) if tokens else 0.0
+
+
 def _unfitted(target: Path) -> bool:
     """A current demo built before its heads carried their penalty fit (or its prior)."""
     try:
         m = Manifest.load(target)
         fits = [m.penalty(h.name) for h in m.heads]
+        fits += [m.penalty(r) for r in m.readings]
         return any(f is None or f.prior_split is None for f in fits)
     except CheckpointError:
         return False
@@ -126,11 +140,14 @@ def _unfitted(target: Path) -> bool:
 def refit_penalties(target: Path) -> None:
     """Fit the stored quality model again: from the per-language evaluation the build kept
     (seconds), else by running it (minutes)."""
-    table = target / PENALTY_EVAL_DIR / "eval-by-source.json"
-    if table.is_file():
-        store_penalties(target, json.loads(table.read_text()))
-    else:
+    path = target / PENALTY_EVAL_DIR / "eval-by-source.json"
+    table = json.loads(path.read_text()) if path.is_file() else {}
+    scored = {h for row in table.values() for h in row}
+    if table and set(Manifest.load(target).readings) <= scored:
+        store_penalties(target, table)
+    else:  # no evaluation kept, or one from before the two-level readings were scored
         fit_penalties(target)
+
 
 
 def _stale_demo(target: Path) -> bool:

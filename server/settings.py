@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     audit_log: Path | None = None  # JSON lines; default <cache_dir>/audit.jsonl
     cors_allow_origins: list[str] = Field(default_factory=list)  # empty: CORS off
 
+    # Split heads (e.g. ["32k"]) whose two-level readings the local engine also serves, each
+    # as a head of its own named "<head>+groups": the head's rows pick a group of native
+    # tokens and the group's rows pick the token, so it decodes at the native head's
+    # bytes/token for about the split head's unembedding read. Local backend only.
+    grouped_heads: list[str] = Field(default_factory=list)
+
     # Initial policy document; the admin API replaces it at runtime.
     policy: dict[str, Any] = Field(default_factory=lambda: {"name": "lifecycle", "params": {}})
     device: str = "auto"  # a kernels.devices name, or "auto" to detect this CPU

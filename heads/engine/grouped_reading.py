@@ -26,13 +26,13 @@ import torch
 
 from heads.engine.sequence import Sequence
 from heads.errors import EngineUnsupported
+from heads.manifest import READING_SUFFIX
 from heads.model.adapter import HeadOutput
 from heads.vocab.piece_groups import PieceGroups
 from heads.vocab.tokenizer import HeadTokenizer
 from kernels.reference import sample_from_logits
 from kernels.sampling_params import SampleOutput, SamplingBatch
 
-GROUPED_SUFFIX = "+groups"
 LEVEL2_STREAM = 0x2545F4914F6CDD1D  # xor'ed into the seed: level 2's noise stream
 
 
@@ -46,7 +46,7 @@ class GroupedReading:
 
     @classmethod
     def of(cls, head: str, groups: PieceGroups) -> GroupedReading:
-        return cls(head + GROUPED_SUFFIX, head, len(groups.offsets) - 1,
+        return cls(head + READING_SUFFIX, head, len(groups.offsets) - 1,
                    torch.from_numpy(groups.offsets), torch.from_numpy(groups.members))
 
     @classmethod

@@ -23,12 +23,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from heads.corpus.splits import read_documents, source_name
 from heads.eval.grouped import grouped_token_bits
+from heads.manifest import READING_SUFFIX
 from heads.model.forward import forward_hidden
 from heads.model.weights import Checkpoint
 from heads.vocab.piece_groups import PieceGroups
@@ -53,6 +55,9 @@ class HeadSourceResult:
     differing_tokens: int  # tokens not also a token of the native head (span and byte-ness)
     byte_fallback_tokens: int = 0  # <0xXX> tokens (characters the head cannot spell)
     bits_by_kind: dict[str, float] = field(default_factory=dict)  # KINDS -> bits
+    # A two-level reading's: native rows its second level read over the tokens (the group
+    # of each token's piece, where it has more than one member).
+    group_rows: int = 0
 
     @property
     def bytes_per_token(self) -> float:
@@ -167,7 +172,7 @@ def _byte_token_ids(tok: Tokenizer) -> frozenset[int]:
                      if len(t) == 6 and t.startswith("<0x") and t.endswith(">"))
 
 
-GROUPED = "+groups"  # suffix of a nested head's row scored as a two-level softmax
+GROUPED = READING_SUFFIX  # a nested head's row scored as a two-level softmax
 
 
 def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int,
@@ -225,12 +230,15 @@ def _score_grouped(ckpt: Checkpoint, head: str, native: str, source: str, pieces
                    native_ids: list[list[int]], groups: PieceGroups, rows: torch.Tensor
                    ) -> HeadSourceResult:
     """One nested head read as a two-level softmax over one source's pieces."""
-    bits, dt, n = 0.0, 0.0, 0
+    bits, dt, n, read = 0.0, 0.0, 0, 0
     for ids in native_ids:
         b, t = grouped_token_bits(ckpt, head, native, ids, groups, rows)
         bits, dt, n = bits + float(b.sum()), dt + t, n + len(ids)
+        sizes = groups.sizes[groups.piece[np.asarray(ids, dtype=np.int64)]]
+        read += int(sizes[sizes > 1].sum())
     return HeadSourceResult(head + GROUPED, ckpt.manifest.head(head).vocab_size, source,
-                            sum(len(p.encode()) for p in pieces), n, bits, dt, 0)
+                            sum(len(p.encode()) for p in pieces), n, bits, dt, 0,
+                            group_rows=read)
 
 
 def kind_of(token_text: str, is_native: bool, is_byte: bool) -> str:
@@ -333,5 +341,7 @@ def by_source(results: list[HeadSourceResult]) -> dict[str, dict[str, dict[str, 
                                 "byte_fallback_share": round(r.byte_fallback_share, 5),
                                 "bpb_by_kind": {k: round(v / r.bytes, 4)
                                                 for k, v in r.bits_by_kind.items()},
-                                "bpb_vs_native": round(r.bpb / native, 4)} for r in rs}
+                                "bpb_vs_native": round(r.bpb / native, 4),
+                                **({"group_rows_per_token": round(r.group_rows / r.tokens, 1)}
+                                   if r.group_rows else {})} for r in rs}
     return out

@@ -30,6 +30,7 @@ from router.errors import (
     HeadUnavailable,
     InvalidPolicy,
     NoHeadHoldsIds,
+    ReadingLacksLogits,
     RouterError,
     UnknownHead,
     VersionConflict,
@@ -73,7 +74,7 @@ def to_api_error(exc: Exception) -> APIError:
         return Conflict(str(exc), param="if-match")
     if isinstance(exc, HeadUnavailable):
         return Unavailable(str(exc), param="model")
-    if isinstance(exc, NoHeadHoldsIds):
+    if isinstance(exc, NoHeadHoldsIds | ReadingLacksLogits):
         return BadRequest(str(exc))
     if isinstance(exc, AdmissionRejected):
         return TooManyRequests(str(exc), headers={"Retry-After": str(exc.retry_after_s)},

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 
 import torch
 
 from heads.engine.config import EngineConfig
 from heads.engine.grammar import GrammarCompiler
+from heads.engine.grouped_reading import GroupedReading
 from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest, HeadLoad, StepTiming, TokenEvent
 from heads.model.multi_head import MultiHeadModel
@@ -18,13 +19,14 @@ from server.backends.base import BackendBase
 
 class LocalBackend(BackendBase):
     def __init__(self, model: MultiHeadModel, config: EngineConfig, torch_threads: int = 0,
-                 grammars: GrammarCompiler | None = None):
+                 grammars: GrammarCompiler | None = None,
+                 readings: Collection[GroupedReading] = ()):
         if torch_threads:
             # Set here, not at import: the thread count is an operator choice per process.
             torch.set_num_threads(torch_threads)
         self.model = model
         self.grammars = grammars
-        self.engine = LocalEngine(model, config, grammars)
+        self.engine = LocalEngine(model, config, grammars, readings)
 
     async def start(self) -> None:
         await self.engine.start()

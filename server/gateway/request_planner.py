@@ -248,7 +248,8 @@ class RequestPlanner:
         largest = pinned or max(self.manifest.heads, key=lambda h: h.vocab_size).name
         check_ids_on_head(ext, largest, self.manifest.head(largest).vocab_size)
         encoded, decision = await self.route(texts, chat, max_tokens, pinned, session=session,
-                                             min_vocab=ext.min_vocab)
+                                             min_vocab=ext.min_vocab,
+                                             needs_logits=ext.needs_logits)
         self.tracing.annotate(head=decision.head, policy=decision.policy,
                               decision=decision.code)
         if self.observe_request is not None:
@@ -272,8 +273,8 @@ class RequestPlanner:
                            started, encoded, chat)
 
     async def route(self, texts: list[str], chat: bool, max_tokens: int, pinned: str | None,
-                    preview: bool = False, session: str | None = None, min_vocab: int = 0
-                    ) -> tuple[EncodedPrompt, Decision]:
+                    preview: bool = False, session: str | None = None, min_vocab: int = 0,
+                    needs_logits: bool = False) -> tuple[EncodedPrompt, Decision]:
         """Tokenize, then decide; a request-aware policy sees every head's tokens first, a
         pinned request or a content-blind policy only needs the chosen head's. `preview`:
         what the router would choose, without recording a decision (/tokenize). The decision
@@ -284,13 +285,14 @@ class RequestPlanner:
                 encoded = await self._encode(texts, chat, None)
             tokens = {h: HeadTokens(p.tokens, p.fallback_bytes) for h, p in encoded.heads.items()}
             features = RequestFeatures(encoded.prompt_bytes, max_tokens, None, tokens,
-                                       encoded.script, session, min_vocab=min_vocab)
+                                       encoded.script, session, min_vocab=min_vocab,
+                                       needs_logits=needs_logits)
             with self.tracing.span("route"):
                 return encoded, decide(features)
         with self.tracing.span("route"):
             decision = decide(RequestFeatures(
                 sum(len(t.encode()) for t in texts), max_tokens, pinned, session=session,
-                min_vocab=min_vocab))
+                min_vocab=min_vocab, needs_logits=needs_logits))
         with self.tracing.span("tokenize"):
             return await self._encode(texts, chat, [decision.head]), decision
 
@@ -340,6 +342,8 @@ class RequestPlanner:
         jobs = []
         s = template.sampling
         rules = ext.rules_on(self.tokenizers[head])
+        # A two-level reading never materialises the prompt's logits: live BPB skips it.
+        score = template.score_prompt and spec.reads is None
         for p, ids in enumerate(prompts):
             job_ext = dataclasses.replace(ext, echo_text=encoded.texts[p]) if ext.echo_prompt \
                 else ext
@@ -349,7 +353,7 @@ class RequestPlanner:
                 # One choice per prompt carries the prompt's score: the others repeat it.
                 req = GenerationRequest(f"{template.request_id}-{index}", head, ids,
                                         max_tokens, sampling, stop_ids,
-                                        template.want_logprobs, template.score_prompt and i == 0,
+                                        template.want_logprobs, score and i == 0,
                                         template.score_positions, ext.top_logprobs,
                                         ext.engine_prompt_logprobs, ext.structured, rules)
                 jobs.append(ChoiceJob(index, req, tuple(stops), job_ext))

@@ -93,6 +93,12 @@ class Extensions:
         return {k: v for k, v in out.items() if v >= 0}
 
     @property
+    def needs_logits(self) -> bool:
+        """Whether serving this needs every id's logit, which a two-level reading lacks."""
+        return (self.structured is not None or self.rules.shapes or self.top_logprobs > 0
+                or self.engine_prompt_logprobs is not None)
+
+    @property
     def min_vocab(self) -> int:
         """The smallest head vocabulary that holds every id these rules name."""
         return max(self.named_ids().values(), default=-1) + 1

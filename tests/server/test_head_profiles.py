@@ -41,3 +41,27 @@ def test_a_heads_fitted_penalty_travels_from_the_manifest_to_its_profile() -> No
     raw["extra"]["bpb_penalty"]["400"]["per_split"] = -1.0
     with pytest.raises(CheckpointError, match="bpb_penalty"):
         Manifest.from_dict(raw)
+
+
+def test_a_readings_profile_prices_its_split_heads_rows_plus_its_groups() -> None:
+    from heads.manifest import Manifest, PenaltySpec
+    from tests.heads.test_manifest import _split_manifest
+
+    m = _split_manifest().with_penalties({"128+groups": PenaltySpec(1.5, 0.0, prior_split=0.1,
+                                                                    group_rows=42.0)})
+    m = Manifest.from_dict(json.loads(m.to_json()))  # as loaded from disk
+    profiles = {p.name: p for p in head_profiles(m.with_readings(["128"]))}
+    r = profiles["128+groups"]
+    assert (r.vocab_size, r.reads, r.group_rows, r.bpb_penalty) == (128, "128", 42.0,
+                                                                    (1.5, 0.0, 0.1))
+    assert r.shared_rows == "matrices.shared" and r.bpt == profiles["1k"].bpt
+    assert profiles["128"].group_rows == 0.0 and profiles["128"].reads is None
+
+
+def test_the_vllm_backend_refuses_readings(tmp_path) -> None:
+    from server.bootstrap import open_backend
+    from server.settings import load_settings
+
+    settings = load_settings(None, backend="vllm", grouped_heads=["32k"])
+    with pytest.raises(CheckpointError, match="vLLM backend does not serve two-level"):
+        open_backend(settings, tmp_path)

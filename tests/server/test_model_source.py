@@ -67,3 +67,45 @@ def test_a_current_demo_fitted_without_the_prior_is_refitted_from_its_stored_eva
     assert fit is not None and fit.prior_split == pytest.approx(0.1)  # en: 1 - 3.6 / 4
     assert fit.per_split == pytest.approx(3.0)
     assert Manifest.load(target).penalty(native).prior_split == 0.0
+
+
+def test_a_two_level_reading_is_fitted_on_its_split_heads_share_with_its_row_reads(
+        tmp_path: Path, monkeypatch) -> None:
+    from heads.manifest import Manifest, PenaltySpec
+    from tests.heads.test_manifest import _split_manifest
+
+    target = tmp_path / "models" / f"{DEMO}-heads"
+    target.mkdir(parents=True)
+    m = _split_manifest()
+    m = dataclasses.replace(m, extra={**m.extra, "demo_build": DEMO_BUILD})
+    m.with_penalties({h.name: PenaltySpec(1.0, 0.0, prior_split=0.0) for h in m.heads}).save(
+        target)
+    table = {lang: {"1k": {"bytes_per_token": 4.0, "bpb": 1.0, "tokens": tokens},
+                    "400": {"bytes_per_token": 3.9, "bpb": 1.01, "tokens": tokens},
+                    "128": {"bytes_per_token": bpt, "bpb": 1.0 + 3.0 * (1 - bpt / 4.0),
+                            "tokens": tokens},
+                    "128+groups": {"bytes_per_token": 4.0, "bpb": 1.0 + (1 - bpt / 4.0),
+                                   "tokens": tokens, "group_rows_per_token": rows},
+                    "400+groups": {"bytes_per_token": 4.0, "bpb": 1.0, "tokens": tokens}}
+             for lang, bpt, tokens, rows in (("en", 3.6, 300, 10.0), ("ru", 2.0, 100, 50.0))}
+    (target / model_source.PENALTY_EVAL_DIR).mkdir()
+    path = target / model_source.PENALTY_EVAL_DIR / "eval-by-source.json"
+    # An evaluation from before readings were scored is run again, with them.
+    old = {lang: {h: v for h, v in row.items() if "+" not in h} for lang, row in table.items()}
+    path.write_text(json.dumps(old))
+    ran: list[Path] = []
+
+    def fake_fit(t: Path, *a: object, **k: object) -> dict:
+        ran.append(t)
+        return model_source.store_penalties(t, table)
+
+    monkeypatch.setattr(model_source, "fit_penalties", fake_fit)
+    assert resolve_model_dir(DEMO, tmp_path) == target and ran == [target]
+    fit = Manifest.load(target).penalty("128+groups")
+    assert fit is not None and fit.per_split == pytest.approx(1.0)  # on 128's split share
+    assert fit.prior_split == pytest.approx(0.1)
+    assert fit.group_rows == pytest.approx((300 * 10 + 100 * 50) / 400)
+    assert Manifest.load(target).penalty("128").group_rows is None
+    path.write_text(json.dumps(table))  # now kept: the next start reads it, runs nothing
+    model_source.refit_penalties(target)
+    assert ran == [target]
