@@ -177,13 +177,9 @@ def open_backend(
         backend: Backend = make_vllm_backend(settings, model_dir, manifest, dtype)
         return manifest, tokenizers, backend, engine_config(settings, manifest)
     ckpt = load_checkpoint(model_dir, compute_dtype=compute_dtype(settings))
+    ckpt = ckpt.with_readings(settings.grouped_heads)
     econf = engine_config(settings, ckpt.manifest)
-    # A reading encodes with the native head's tokenizer and is served as a head of its own.
-    manifest = ckpt.manifest.with_readings(settings.grouped_heads)
-    native = max(ckpt.manifest.heads, key=lambda h: h.vocab_size).name
-    tokenizers = {**ckpt.tokenizers, **{h.name: ckpt.tokenizers[native]
-                                        for h in manifest.heads if h.reads is not None}}
-    return manifest, tokenizers, make_backend(settings, ckpt, econf, manifest), econf
+    return ckpt.manifest, ckpt.tokenizers, make_backend(settings, ckpt, econf), econf
 
 
 # --- services entered in the lifespan ----------------------------------------------------------

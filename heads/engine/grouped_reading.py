@@ -28,6 +28,7 @@ from heads.engine.sequence import Sequence
 from heads.errors import EngineUnsupported
 from heads.manifest import READING_SUFFIX
 from heads.model.adapter import HeadOutput
+from heads.model.weights import Checkpoint
 from heads.vocab.piece_groups import PieceGroups
 from heads.vocab.tokenizer import HeadTokenizer
 from kernels.reference import sample_from_logits
@@ -57,6 +58,12 @@ class GroupedReading:
             raise EngineUnsupported(f"head {head!r} has no split table: only a "
                                     "boundary-preserving head has a two-level reading")
         return cls.of(head, PieceGroups.from_split(split))
+
+    @classmethod
+    def served(cls, ckpt: Checkpoint) -> list[GroupedReading]:
+        """The readings a checkpoint as served holds (Checkpoint.with_readings)."""
+        return [cls.of_split_head(ckpt.tokenizers, h.reads)
+                for h in ckpt.manifest.heads if h.reads is not None]
 
     def refuse(self, seq: Sequence) -> None:
         """What the reading does not serve yet: each needs the logits of every native id,

@@ -9,8 +9,8 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -32,6 +32,18 @@ class Checkpoint:
     manifest: Manifest
     model: MultiHeadModel
     tokenizers: dict[str, HeadTokenizer]
+
+    def with_readings(self, heads: Sequence[str]) -> Checkpoint:
+        """The checkpoint as served with these split heads' two-level readings as heads of
+        their own (Manifest.with_readings): each encodes with the native tokenizer. The
+        engine that serves them takes their groups (heads/engine/grouped_reading.py)."""
+        if not heads:
+            return self
+        manifest = self.manifest.with_readings(heads)
+        native = max(self.manifest.heads, key=lambda h: h.vocab_size).name
+        tokenizers = {**self.tokenizers, **{h.name: self.tokenizers[native]
+                                            for h in manifest.heads if h.reads is not None}}
+        return replace(self, manifest=manifest, tokenizers=tokenizers)
 
 
 def load_checkpoint(

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 from heads.engine.config import EngineConfig
-from heads.manifest import Manifest
 from heads.model.weights import Checkpoint
 from server.backends.base import Backend
 from server.settings import Settings
 
 
-def make_backend(settings: Settings, ckpt: Checkpoint, econf: EngineConfig,
-                 manifest: Manifest) -> Backend:
-    """`manifest`: the served heads, the checkpoint's plus its two-level readings."""
+def make_backend(settings: Settings, ckpt: Checkpoint, econf: EngineConfig) -> Backend:
+    """`ckpt` as served: its manifest holds the two-level readings it serves, if any."""
     if settings.backend == "echo":
         from server.backends.echo import EchoBackend
 
-        return EchoBackend(list(manifest.head_names), settings.echo_token_delay_s)
+        return EchoBackend(list(ckpt.manifest.head_names), settings.echo_token_delay_s)
     from heads.engine.grammar import GrammarCompiler
     from heads.engine.grouped_reading import GroupedReading
     from server.backends.local import LocalBackend
@@ -23,6 +21,5 @@ def make_backend(settings: Settings, ckpt: Checkpoint, econf: EngineConfig,
     # Nested heads share the native head's ids: its grammar tables serve every head.
     native = max(ckpt.manifest.heads, key=lambda h: h.vocab_size)
     grammars = GrammarCompiler(ckpt.tokenizers[native.name], native.eos_token_ids)
-    readings = [GroupedReading.of_split_head(ckpt.tokenizers, h.reads)
-                for h in manifest.heads if h.reads is not None]
+    readings = GroupedReading.served(ckpt)
     return LocalBackend(ckpt.model, econf, settings.torch_threads, grammars, readings)

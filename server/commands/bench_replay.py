@@ -43,6 +43,9 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
                    help="with --levels: requests per label and level (default 200)")
     p.add_argument("--statics", default=None, metavar="HEADS",
                    help="with --levels: the static heads to run, e.g. 131k,262k (default all)")
+    p.add_argument("--grouped-heads", default="", metavar="HEADS",
+                   help="split heads (e.g. 32k) whose two-level readings (<head>+groups) are "
+                        "served too, as the gateway's grouped_heads setting does")
     p.add_argument("--score-stride", type=int, default=1, metavar="K",
                    help="with --levels: score served BPB on every K-th request (default 1)")
     p.set_defaults(run=_run)
@@ -86,6 +89,7 @@ def _run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     ckpt = load_checkpoint(resolve_model_dir(args.model, load_settings(None).cache_dir),
                            compute_dtype="float32")
+    ckpt = ckpt.with_readings([h for h in args.grouped_heads.split(",") if h])
     if args.levels is not None:
         _run_levels(args, ckpt, policies, languages)
         return

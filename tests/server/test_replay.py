@@ -93,3 +93,24 @@ def test_levels_run_closed_loop_and_account_for_every_second(tiny_model_dir: Pat
     assert len(checks) == 2 + 1  # dominance at both levels, the low-load cost target
     assert (tmp_path / "bench_replay_multilingual_c1.png").stat().st_size > 1000
     assert (tmp_path / "bench_replay_multilingual_levels.json").is_file()
+
+
+def test_a_two_level_reading_replays_and_is_scored_on_native_ids(tiny_model_dir: Path) -> None:
+    import math
+
+    from server.bench.replay.level_run import replay_levels
+    from server.bench.replay.quality import continuation_bits
+
+    ckpt = load_checkpoint(tiny_model_dir, compute_dtype="float32").with_readings(["1k"])
+    trace = [SimRequest(0.0, 80 + 10 * i, 40, 8, "en") for i in range(4)]
+    labels = ["lifecycle", "static:1k+groups", "static:8k"]
+    [lv] = asyncio.run(replay_levels(ckpt, trace, labels, [2], ReplayConfig(
+        max_num_seqs=4, kv_cache_mb=8, poll_s=0.02), rounds=1))
+    reading = next(r for r in lv.rows if r.policy == "static:1k+groups").real
+    assert {s.head for s in reading.served} == {"1k+groups"}
+    assert all(s.tokens > 0 for s in reading.served)
+    assert all(math.isfinite(b) and b > 0 for b in reading.bpb)
+    # Its bits are the two-level reading's, not the native head's on the same native ids.
+    prompt, rest = "The quick brown fox", " jumps over the lazy dog."
+    assert continuation_bits(ckpt, "1k+groups", prompt, rest) != \
+        pytest.approx(continuation_bits(ckpt, "8k", prompt, rest))

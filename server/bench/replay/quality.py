@@ -9,8 +9,10 @@ import math
 import torch
 import torch.nn.functional as F
 
+from heads.eval.grouped import grouped_token_bits
 from heads.model.forward import forward_hidden
 from heads.model.weights import Checkpoint
+from heads.vocab.piece_groups import PieceGroups
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,8 @@ def continuation_bits(ckpt: Checkpoint, head: str, prompt: str, continuation: st
     exactly the continuation's bytes on every head.
     """
     tok, spec = ckpt.tokenizers[head], ckpt.manifest.head(head)
+    if spec.reads is not None:
+        return _reading_bits(ckpt, spec.reads, tok.encode(prompt), tok.encode(continuation))
     ctx = ([] if spec.bos_token_id is None else [spec.bos_token_id]) + tok.encode(prompt)
     target = tok.encode(continuation)
     if not target:
@@ -39,3 +43,17 @@ def continuation_bits(ckpt: Checkpoint, head: str, prompt: str, continuation: st
         logits = out.logits(hidden[r:r + LOGIT_ROWS])
         nats += float(F.cross_entropy(logits, ids[r:r + LOGIT_ROWS], reduction="sum"))
     return nats / math.log(2)
+
+
+def _reading_bits(ckpt: Checkpoint, head: str, prompt: list[int], target: list[int]) -> float:
+    """A two-level reading of `head` scored on the native ids of the continuation, the
+    prompt's native ids before it (as the engine serves it)."""
+    if not target:
+        return 0.0
+    split = ckpt.tokenizers[head].split
+    assert split is not None  # Manifest.with_readings admits split heads only
+    native = max(ckpt.manifest.heads, key=lambda h: h.vocab_size).name
+    rows = ckpt.model.unembedding_rows(native).float()  # a view when the model is fp32
+    groups = PieceGroups.from_split(split)  # one argsort over the native ids, ~20 ms
+    bits, _ = grouped_token_bits(ckpt, head, native, prompt + target, groups, rows)
+    return float(bits[-len(target):].sum())

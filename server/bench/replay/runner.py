@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from heads.engine.config import EngineConfig
+from heads.engine.grouped_reading import GroupedReading
 from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest, StepTiming
 from heads.model.weights import Checkpoint
@@ -123,7 +124,7 @@ class Replayer:
         self.profiles = {p.name: p for p in profiles}
         self.engine = LocalEngine(ckpt.model, EngineConfig(
             kv_cache_bytes=cfg.kv_cache_mb << 20, max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=4096))
+            max_num_batched_tokens=4096), readings=GroupedReading.served(ckpt))
         self.encoder = PromptEncoder(ckpt.tokenizers,
                                      {h.name: h.bos_token_id for h in ckpt.manifest.heads})
         self._bits: dict[tuple[int, str], tuple[float, int]] = {}  # (index, head) -> bits, B
@@ -197,6 +198,7 @@ class Replayer:
             n = min(r.max_tokens, max(1, n))
             # The same requests are scored under every label (seeded by position).
             scored, positions = self.cfg.prompt_bpb.request(None, random.Random(index))
+            scored = scored and self.ckpt.manifest.head(d.head).reads is None  # as the gateway
             out_ids = await self._generate(d.head, list(enc.heads[d.head].ids[0]), n,
                                            scored, positions)
             text = len(self.ckpt.tokenizers[d.head].decode(out_ids).encode())
