@@ -80,20 +80,25 @@ class GroupedReading:
     def second_level(self, native: HeadOutput, hidden: torch.Tensor, first: SampleOutput,
                      batch: SamplingBatch) -> SampleOutput:
         """hidden: [b, d], the rows level 1 sampled `first.token_ids` (pieces, < V) for.
-        -> native ids [b] and, where level 1 reported them, the summed logprobs [b]."""
+        -> native ids [b] and, where level 1 reported them, the summed logprobs [b]. Rows
+        that sampled the same piece share one read of its group's rows."""
         pieces = first.token_ids.cpu()
         tokens = pieces.clone()
         logprobs = None if first.logprobs is None else first.logprobs.clone()
         lo, hi = self.offsets[pieces], self.offsets[pieces + 1]
-        for i in torch.nonzero(hi - lo > 1).squeeze(1).tolist():
-            ids = self.members[lo[i]:hi[i]].to(native.weight.device)  # [n_p]
-            logits = (native.hidden(hidden[i:i + 1]) @ native.weight[ids].T).float()  # [1, n_p]
-            row = SamplingBatch(batch.temperature[i:i + 1], torch.ones(1),
-                                torch.zeros(1, dtype=torch.int64),
-                                batch.seed[i:i + 1] ^ LEVEL2_STREAM, batch.position[i:i + 1],
+        wide = torch.nonzero(hi - lo > 1).squeeze(1)
+        for p in torch.unique(pieces[wide]).tolist():
+            rows = wide[pieces[wide] == p]  # [k]
+            ids = self.members[self.offsets[p]:self.offsets[p + 1]].to(native.weight.device)
+            h = native.hidden(hidden[rows.to(hidden.device)])  # [k, d]
+            logits = (h @ native.weight[ids].T).float()  # [k, n_p]
+            k = len(rows)
+            sub = SamplingBatch(batch.temperature[rows], torch.ones(k),
+                                torch.zeros(k, dtype=torch.int64),
+                                batch.seed[rows] ^ LEVEL2_STREAM, batch.position[rows],
                                 want_logprobs=logprobs is not None)
-            out = sample_from_logits(logits, row)
-            tokens[i] = ids[int(out.token_ids[0])]
+            out = sample_from_logits(logits, sub)
+            tokens[rows] = ids[out.token_ids].cpu()
             if logprobs is not None and out.logprobs is not None:
-                logprobs[i] += out.logprobs[0].to(logprobs.dtype)
+                logprobs[rows] += out.logprobs.to(logprobs.dtype).cpu()
         return SampleOutput(tokens.to(first.token_ids.device), logprobs)

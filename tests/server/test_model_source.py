@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,15 @@ def _fake_demo(cache: Path, build: int | None) -> Path:
     target.mkdir(parents=True)
     extra = {} if build is None else {"demo_build": build}
     (target / "manifest.json").write_text(json.dumps({"extra": extra}))
+    return target
+
+
+def _current_demo(cache: Path, m: Any, fit: Any) -> Path:
+    """A demo of the current build whose every head carries `fit`."""
+    target = cache / "models" / f"{DEMO}-heads"
+    target.mkdir(parents=True)
+    m = dataclasses.replace(m, extra={**m.extra, "demo_build": DEMO_BUILD})
+    m.with_penalties({h.name: fit for h in m.heads}).save(target)
     return target
 
 
@@ -48,11 +58,8 @@ def test_a_current_demo_fitted_without_the_prior_is_refitted_from_its_stored_eva
     from heads.manifest import Manifest, PenaltySpec
     from tests.heads.tiny import tiny_manifest
 
-    target = tmp_path / "models" / f"{DEMO}-heads"
-    target.mkdir(parents=True)
     m = tiny_manifest()
-    m = dataclasses.replace(m, extra={**m.extra, "demo_build": DEMO_BUILD})
-    m.with_penalties({h.name: PenaltySpec(1.0, 0.0) for h in m.heads}).save(target)
+    target = _current_demo(tmp_path, m, PenaltySpec(1.0, 0.0))
     vocab = {h.name: h.vocab_size for h in m.heads}
     native = max(vocab, key=vocab.__getitem__)
     small = min(vocab, key=vocab.__getitem__)
@@ -74,12 +81,8 @@ def test_a_two_level_reading_is_fitted_on_its_split_heads_share_with_its_row_rea
     from heads.manifest import Manifest, PenaltySpec
     from tests.heads.test_manifest import _split_manifest
 
-    target = tmp_path / "models" / f"{DEMO}-heads"
-    target.mkdir(parents=True)
     m = _split_manifest()
-    m = dataclasses.replace(m, extra={**m.extra, "demo_build": DEMO_BUILD})
-    m.with_penalties({h.name: PenaltySpec(1.0, 0.0, prior_split=0.0) for h in m.heads}).save(
-        target)
+    target = _current_demo(tmp_path, m, PenaltySpec(1.0, 0.0, prior_split=0.0))
     table = {lang: {"1k": {"bytes_per_token": 4.0, "bpb": 1.0, "tokens": tokens},
                     "400": {"bytes_per_token": 3.9, "bpb": 1.01, "tokens": tokens},
                     "128": {"bytes_per_token": bpt, "bpb": 1.0 + 3.0 * (1 - bpt / 4.0),

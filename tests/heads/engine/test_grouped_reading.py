@@ -13,9 +13,7 @@ import pytest
 import torch
 from scipy import stats
 
-from heads.engine.config import EngineConfig
 from heads.engine.grouped_reading import GroupedReading
-from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest, LogitRules, TokenEvent
 from heads.errors import EngineUnsupported
 from heads.model.forward import forward_hidden
@@ -26,6 +24,7 @@ from heads.vocab.split_table import SplitTable
 from kernels.reference import sample_from_logits
 from kernels.row_params import RowParams
 from kernels.sampling_params import SamplingBatch
+from tests.heads.engine.run_util import run_requests
 from tests.heads.tiny import HEADS, tiny_model
 
 HEAD, NATIVE = "128", "1k"
@@ -57,22 +56,12 @@ def reading() -> GroupedReading:
 
 def _serve(model: MultiHeadModel, reading: GroupedReading, reqs: list[GenerationRequest],
            nested: str = "auto") -> list[list[TokenEvent]]:
-    import asyncio
-
-    async def go() -> list[list[TokenEvent]]:
-        engine = LocalEngine(model, EngineConfig(num_kv_blocks=96, nested_heads=nested),
-                             readings=[reading])
-        await engine.start()
-        try:
-            async def one(r: GenerationRequest) -> list[TokenEvent]:
-                return [e async for e in engine.generate(r)]
-            return list(await asyncio.gather(*(one(r) for r in reqs)))
-        finally:
-            await engine.shutdown()
-            model.heads.pop(reading.name)  # the module's model serves the next test afresh
-            model._readings.pop(reading.name)
-
-    return asyncio.run(go())
+    try:
+        return run_requests(model, *reqs, num_kv_blocks=96, readings=[reading],
+                            nested_heads=nested)
+    finally:  # the module's model serves the next test afresh
+        model.heads.pop(reading.name)
+        model._readings.pop(reading.name)
 
 
 def _req(rid: str, head: str, prompt: tuple[int, ...], n: int, params: RowParams,
