@@ -124,19 +124,22 @@ def served(cmd: list[str], env: dict[str, str], port: int, log: Path,
         proc.wait(timeout=60)
 
 
-_STATE_VARS = ("POLYHEAD_CACHE_DIR", "POLYHEAD_LAMBDA_STORE", "POLYHEAD_REDIS_URL")
-
-
 def own_state(env: dict[str, str], log: Path) -> dict[str, str]:
-    """`env` plus a λ counters file beside `log`, unless the caller chose where state lives.
+    """`env` plus a λ counters file and an audit log beside `log`, each unless the caller
+    chose where it lives (a cache dir, the file itself, or Redis for λ).
 
-    A gateway started for a test or a bench must not write the user's own counters
-    (<cache_dir>/lambda.json): its served bytes and learned output bytes/token would steer
-    the user's next `polyhead serve`. The model cache stays shared, so the demo is reused.
+    A gateway started for a test or a bench must not write the user's own state under
+    <cache_dir>: its served bytes and learned output bytes/token would steer the user's next
+    `polyhead serve`, and its admin actions would sit in the user's audit trail. The model
+    cache stays shared, so the demo is reused.
     """
-    if any(k in env for k in _STATE_VARS):
+    if "POLYHEAD_CACHE_DIR" in env:
         return env
-    return {**env, "POLYHEAD_LAMBDA_STORE": str(log.with_name(f"{log.stem}-lambda.json"))}
+    out = dict(env)
+    if not {"POLYHEAD_LAMBDA_STORE", "POLYHEAD_REDIS_URL"} & env.keys():
+        out["POLYHEAD_LAMBDA_STORE"] = str(log.with_name(f"{log.stem}-lambda.json"))
+    out.setdefault("POLYHEAD_AUDIT_LOG", str(log.with_name(f"{log.stem}-audit.jsonl")))
+    return out
 
 
 def _gateway_env(model: str, port: int, log: Path, env: dict[str, str]) -> dict[str, str]:

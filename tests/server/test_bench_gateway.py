@@ -79,3 +79,16 @@ def test_request_body_names_the_model_and_cuts_the_prompt() -> None:
     body = request_body("gemma3-270m", 2048)
     assert body["model"] == "gemma3-270m" and body["max_tokens"] == 1
     assert 2040 <= len(body["prompt"].encode()) <= 2048
+
+
+def test_a_bench_or_test_gateway_keeps_its_own_lambda_counters_and_audit(tmp_path) -> None:
+    from server.bench.gateway import own_state
+
+    log = tmp_path / "echo.log"
+    assert own_state({"POLYHEAD_BACKEND": "echo"}, log) == {
+        "POLYHEAD_BACKEND": "echo", "POLYHEAD_LAMBDA_STORE": str(tmp_path / "echo-lambda.json"),
+        "POLYHEAD_AUDIT_LOG": str(tmp_path / "echo-audit.jsonl")}
+    assert own_state({"POLYHEAD_CACHE_DIR": "/c"}, log) == {"POLYHEAD_CACHE_DIR": "/c"}
+    for chosen in ({"POLYHEAD_LAMBDA_STORE": "/l.json"}, {"POLYHEAD_REDIS_URL": "redis://x"}):
+        got = own_state(chosen, log)  # the caller chose where λ lives
+        assert got == {**chosen, "POLYHEAD_AUDIT_LOG": str(tmp_path / "echo-audit.jsonl")}
