@@ -247,7 +247,7 @@ class Manifest:
     def with_readings(self, heads: Sequence[str]) -> Manifest:
         """A copy that also serves each named split head's two-level reading as a head of
         its own, after the heads it reads (HeadSpec.reads)."""
-        native = max(self.heads, key=lambda h: h.vocab_size)
+        native = self.native
         readable = set(self.readings.values())
         for name in heads:
             if name not in readable:
@@ -259,10 +259,16 @@ class Manifest:
         return replace(self, heads=(*self.heads, *added))
 
     @property
+    def native(self) -> HeadSpec:
+        """The reference head: the largest one that is not a two-level reading (a reading
+        has the native V too, as it emits native ids)."""
+        return max((h for h in self.heads if h.reads is None), key=lambda h: h.vocab_size)
+
+    @property
     def readings(self) -> dict[str, str]:
         """reading name -> split head, for every split head nested in the native head's
         rows (each has a two-level reading; with_readings serves it)."""
-        native = max(self.heads, key=lambda h: h.vocab_size)
+        native = self.native
         return {h.name + READING_SUFFIX: h.name for h in self.heads
                 if h.split_table is not None and h.reads is None
                 and h.unembedding == native.unembedding}

@@ -82,7 +82,7 @@ class ModelRunner:
         self._kernel_counts: Counter[tuple[str, str]] = Counter()  # (head, kernel) -> groups
         self._counts_lock = threading.Lock()
         self.score_seconds = 0.0  # total time in prompt scoring (what live BPB costs)
-        self.native = max(model.manifest.heads, key=lambda h: h.vocab_size).name
+        self.native = model.manifest.native.name
 
     def enter_step_thread(self) -> None:
         """Per-thread settings for the thread that calls run (the engine's step thread)."""

@@ -31,11 +31,12 @@ from heads.vocab.piece_groups import PieceGroups
 
 @torch.inference_mode()
 def grouped_token_bits(ckpt: Checkpoint, head: str, native: str, ids: list[int],
-                       groups: PieceGroups, rows: torch.Tensor
+                       groups: PieceGroups, rows: torch.Tensor, first: int = 0
                        ) -> tuple[torch.Tensor, float]:
     """(-log2 P(t | context) per native id [len(ids)] fp64, seconds in the backbone), with
     the whole of `ids` as one context after BOS. `rows`: the native unembedding in fp32
-    [native V, d], whose first V rows are `head`'s."""
+    [native V, d], whose first V rows are `head`'s. `first`: ids before it are context only
+    (their entries are 0, not scored)."""
     v = ckpt.manifest.head(head).vocab_size
     bos = ckpt.manifest.head(native).bos_token_id
     ctx = ([] if bos is None else [bos]) + ids
@@ -43,8 +44,9 @@ def grouped_token_bits(ckpt: Checkpoint, head: str, native: str, ids: list[int],
     hidden = forward_hidden(ckpt, native, ctx)[:-1].float()  # [T, d], predicts ctx[1:]
     seconds = time.perf_counter() - t0
     scored = ids if bos is not None else ids[1:]  # without BOS the first id has no context
-    nats = [0.0] * (len(ids) - len(scored))
-    for r in range(0, len(scored), 128):  # [128, V] fp32 logits at a time
+    skip = max(0, first - (len(ids) - len(scored)))  # context-only ids among `scored`
+    nats = [0.0] * (len(ids) - len(scored) + skip)
+    for r in range(skip, len(scored), 128):  # [128, V] fp32 logits at a time
         logp = torch.log_softmax(hidden[r:r + 128] @ rows[:v].T, dim=-1)
         for i in range(r, min(r + 128, len(scored))):
             t = scored[i]

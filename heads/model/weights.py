@@ -40,7 +40,7 @@ class Checkpoint:
         if not heads:
             return self
         manifest = self.manifest.with_readings(heads)
-        native = max(self.manifest.heads, key=lambda h: h.vocab_size).name
+        native = self.manifest.native.name
         tokenizers = {**self.tokenizers, **{h.name: self.tokenizers[native]
                                             for h in manifest.heads if h.reads is not None}}
         return replace(self, manifest=manifest, tokenizers=tokenizers)

@@ -19,7 +19,7 @@ def make_backend(settings: Settings, ckpt: Checkpoint, econf: EngineConfig) -> B
     from server.backends.local import LocalBackend
 
     # Nested heads share the native head's ids: its grammar tables serve every head.
-    native = max(ckpt.manifest.heads, key=lambda h: h.vocab_size)
+    native = ckpt.manifest.native
     grammars = GrammarCompiler(ckpt.tokenizers[native.name], native.eos_token_ids)
     readings = GroupedReading.served(ckpt)
     return LocalBackend(ckpt.model, econf, settings.torch_threads, grammars, readings)

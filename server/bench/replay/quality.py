@@ -52,8 +52,9 @@ def _reading_bits(ckpt: Checkpoint, head: str, prompt: list[int], target: list[i
         return 0.0
     split = ckpt.tokenizers[head].split
     assert split is not None  # Manifest.with_readings admits split heads only
-    native = max(ckpt.manifest.heads, key=lambda h: h.vocab_size).name
+    native = ckpt.manifest.native.name
     rows = ckpt.model.unembedding_rows(native).float()  # a view when the model is fp32
     groups = PieceGroups.from_split(split)  # one argsort over the native ids, ~20 ms
-    bits, _ = grouped_token_bits(ckpt, head, native, prompt + target, groups, rows)
+    bits, _ = grouped_token_bits(ckpt, head, native, prompt + target, groups, rows,
+                                 first=len(prompt))
     return float(bits[-len(target):].sum())

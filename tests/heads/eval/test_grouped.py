@@ -81,6 +81,9 @@ def test_bits_equal_a_dense_two_level_softmax_that_sums_to_one(ckpt: Checkpoint)
         assert got.shape == (len(ids),)
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
         assert float(last.sum()) == pytest.approx(1.0, abs=1e-5)
+        # A context-only prefix is not scored; the rest is scored exactly as before.
+        tail, _ = grouped_token_bits(ckpt, head, native, ids, groups, rows, first=5)
+        assert (tail[:5] == 0).all() and torch.allclose(tail[5:], got[5:], rtol=1e-6)
 
 
 def test_cli_eval_scores_the_grouped_reading_and_judges_targets(tiny_model_dir: Path,
