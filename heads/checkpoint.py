@@ -95,12 +95,12 @@ def check_weights(directory: Path) -> Manifest:
                     f"heads[{i}].{role}: tensor {name!r} has shape {shape}, "
                     f"need [>= {h.vocab_size}, {d}]"
                 )
-        if h.adapter is not None:
-            sidecar = _tensor_shapes(directory / h.adapter.file)
-            for name, need in h.adapter.shapes(h.vocab_size, d).items():
+        for served, adapter in h.adapters():
+            sidecar = _tensor_shapes(directory / adapter.file)
+            for name, need in adapter.shapes(h.vocab_size, d).items():
                 if sidecar.get(name) != need:
-                    raise CheckpointError(f"heads[{i}].adapter: tensor {name!r} has shape "
-                                          f"{sidecar.get(name)}, need {need}")
+                    raise CheckpointError(f"heads[{i}] ({served}) adapter: tensor {name!r} "
+                                          f"has shape {sidecar.get(name)}, need {need}")
     return manifest
 
 
@@ -135,9 +135,8 @@ def describe_checkpoint(directory: Path) -> str:
             f"{h.name:<8}{h.vocab_size:>9}  {matrix:<28}{bpt:>10}{bpb:>8}{h.training_bytes:>14,}"
         )
     for h in m.heads:
-        a = h.adapter
-        if a is not None:
-            lines.append(f"adapter {h.name}: {a.kind} r={a.rank}, {a.steps} steps on "
+        for served, a in h.adapters():
+            lines.append(f"adapter {served}: {a.kind} r={a.rank}, {a.steps} steps on "
                          f"{a.train_positions:,} positions, held-out BPB "
                          f"{a.heldout_bpb_before} -> {a.heldout_bpb_after} ({a.file})")
     return "\n".join(lines)

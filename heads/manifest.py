@@ -192,6 +192,10 @@ class HeadSpec:
     # are the split head's V rows, then the sampled piece's group. Never stored in a
     # checkpoint: `Manifest.with_readings` adds it for serving.
     reads: str | None = None
+    # A learned correction of this split head's reading's first level (its V rows, read
+    # over native context); the second level stays the native rows. Hidden or low-rank
+    # like `adapter`, with V = this head's.
+    reading_adapter: AdapterSpec | None = None
 
     def validate(self, where: str) -> None:
         if not self.name or ":" in self.name:
@@ -213,6 +217,17 @@ class HeadSpec:
             raise CheckpointError(f"{where}.training_bytes: must be >= 0")
         if self.adapter is not None:
             self.adapter.validate(f"{where}.adapter")
+        if self.reading_adapter is not None:
+            if self.split_table is None:
+                raise CheckpointError(f"{where}.reading_adapter: only a split head has a "
+                                      "two-level reading")
+            self.reading_adapter.validate(f"{where}.reading_adapter")
+
+    def adapters(self) -> list[tuple[str, AdapterSpec]]:
+        """(served head, adapter) for this head's own adapter and its reading's."""
+        return [(name, a) for name, a in ((self.name, self.adapter),
+                                          (self.name + READING_SUFFIX, self.reading_adapter))
+                if a is not None]
 
 
 @dataclass(frozen=True, slots=True)

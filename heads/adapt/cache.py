@@ -10,6 +10,10 @@ Per position (a head token predicted by the hidden state before it):
   the native head could have emitted that spelling's first piece there;
 - `source` [N] int64: index into the split's source list; `bytes` [S]: UTF-8 bytes per source.
 
+A two-level reading's positions (build_split's `reading`) are the native tokenization's:
+the hidden state over native ids, the target the piece whose group holds the next native id,
+the teacher the native distribution summed per group.
+
 A 262k-row native logit costs ~335 MFLOP a position, more than the backbone itself, hence
 one pass here rather than one per training step.
 """
@@ -27,6 +31,7 @@ from tqdm import tqdm
 
 from heads.model.forward import forward_hidden
 from heads.model.weights import Checkpoint
+from heads.vocab.piece_groups import PieceGroups
 from heads.vocab.specials import spelled_specials
 from heads.vocab.tokenizer import HeadTokenizer
 
@@ -73,13 +78,24 @@ def folded_top_k(logits: torch.Tensor, fold: torch.Tensor, v_head: int, k: int
 
 
 def build_split(ckpt: Checkpoint, head: str, windows: dict[str, list[str]], top_k: int,
-                desc: str) -> dict[str, torch.Tensor]:
+                desc: str, reading: bool = False) -> dict[str, torch.Tensor]:
+    """`reading`: the positions of `head`'s two-level reading instead. The backbone reads the
+    native ids, each position's target is the piece whose group holds the next native id,
+    and the teacher is the native distribution summed per group: the first level's loss is
+    then exactly the reading's loss against the native head (its second level is exact)."""
     spec = ckpt.manifest.head(head)
-    native = max(ckpt.manifest.heads, key=lambda h: h.vocab_size)
+    native = ckpt.manifest.native
     head_tok = ckpt.tokenizers[head]
     tok_h = spelled_specials(head_tok.tokenizer)
     tok_n = spelled_specials(ckpt.tokenizers[native.name].tokenizer)
-    fold = fold_map(tok_n, head_tok, spec.vocab_size, native.vocab_size)
+    if reading:
+        if head_tok.split is None:
+            raise ValueError(f"head {head!r} has no split table, so no two-level reading")
+        piece_of = torch.from_numpy(PieceGroups.from_split(head_tok.split).piece)
+        fold, reader, bos = piece_of, native.name, native.bos_token_id
+    else:
+        fold = fold_map(tok_n, head_tok, spec.vocab_size, native.vocab_size)
+        reader, bos = head, spec.bos_token_id
     w_native = ckpt.model.head_output(native.name).weight.float()  # [V_native, d]
     cols: dict[str, list[torch.Tensor]] = {k: [] for k in
                                            ("hidden", "target", "teacher_ids",
@@ -88,14 +104,19 @@ def build_split(ckpt: Checkpoint, head: str, windows: dict[str, list[str]], top_
     pieces = [(s, p) for s, ps in windows.items() for p in ps]
     sources = list(windows)
     for source, piece in tqdm(pieces, desc=desc, unit="window", mininterval=2.0):
-        ids, boundary = segment(head_tok, tok_h, tok_n, piece)
-        if not ids:
+        if reading:
+            read = tok_n.encode(piece, add_special_tokens=False).ids
+            targets, boundary = piece_of[read].tolist(), [True] * len(read)
+        else:
+            read, boundary = segment(head_tok, tok_h, tok_n, piece)
+            targets = read
+        if not read:
             continue
-        ctx = ([spec.bos_token_id] if spec.bos_token_id is not None else []) + ids
-        hidden = forward_hidden(ckpt, head, ctx)[:-1].float()  # row i predicts ctx[i + 1]
-        first = 0 if spec.bos_token_id is not None else 1  # no BOS: token 0 is unpredicted
+        ctx = ([bos] if bos is not None else []) + read
+        hidden = forward_hidden(ckpt, reader, ctx)[:-1].float()  # row i predicts ctx[i + 1]
+        first = 0 if bos is not None else 1  # no BOS: token 0 is unpredicted
         cols["hidden"].append(hidden)
-        cols["target"].append(torch.tensor(ids[first:]))
+        cols["target"].append(torch.tensor(targets[first:]))
         cols["boundary"].append(torch.tensor(boundary[first:]))
         cols["source"].append(torch.full((hidden.shape[0],), sources.index(source)))
         with torch.inference_mode():
@@ -112,14 +133,15 @@ def build_split(ckpt: Checkpoint, head: str, windows: dict[str, list[str]], top_
 
 
 def load_or_build(path: Path, ckpt: Checkpoint, head: str, windows: dict[str, list[str]],
-                  top_k: int, desc: str) -> tuple[dict[str, torch.Tensor], list[str]]:
+                  top_k: int, desc: str, reading: bool = False
+                  ) -> tuple[dict[str, torch.Tensor], list[str]]:
     """The split's tensors and its source names, from `path` when it is there."""
     if path.is_file():
         tensors = load_file(str(path))
         meta = json.loads(path.with_suffix(".json").read_text())
         log.info("%s: %d positions from the cache %s", desc, tensors["target"].numel(), path)
         return tensors, meta["sources"]
-    tensors = build_split(ckpt, head, windows, top_k, desc)
+    tensors = build_split(ckpt, head, windows, top_k, desc, reading)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))

@@ -5,6 +5,10 @@ Steps: cut the corpus mix into byte windows (heads/adapt/data.py), cache the fro
 hidden states and folded native teacher once (heads/adapt/cache.py), train the adapter
 with early stopping on held-out BPB (heads/adapt/train.py), then write its sidecar file and
 the manifest that names it. The shared matrix and the native head are never changed.
+
+`<head>+groups` adapts a split head's two-level reading: the first level, over native
+context, stored as the head's `reading_adapter`. Its held-out BPB counts the first level's
+bits only; the second level (exact inside a group) adds the same bits with or without it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,14 @@ from heads.adapt.data import DataConfig, split_windows
 from heads.adapt.train import KL_WHERE, TrainConfig, TrainResult, heldout_bits, train
 from heads.checkpoint import validate_checkpoint
 from heads.errors import AdaptError
-from heads.manifest import ADAPTER_KINDS, MANIFEST_FILE, AdapterSpec, Manifest, default_prefix
+from heads.manifest import (
+    ADAPTER_KINDS,
+    MANIFEST_FILE,
+    AdapterSpec,
+    HeadSpec,
+    Manifest,
+    default_prefix,
+)
 from heads.model.weights import load_checkpoint
 
 log = logging.getLogger(__name__)
@@ -54,10 +65,10 @@ class AdaptReport:
 
 def _check(manifest: Manifest, cfg: AdaptConfig) -> None:
     names = manifest.head_names
-    if cfg.head not in names:
-        raise AdaptError(f"unknown head {cfg.head!r}; have {names}")
-    native = max(manifest.heads, key=lambda h: h.vocab_size)
-    if cfg.head == native.name:
+    readings = manifest.readings
+    if cfg.head not in names and cfg.head not in readings:
+        raise AdaptError(f"unknown head {cfg.head!r}; have {names + sorted(readings)}")
+    if cfg.head == manifest.native.name:
         raise AdaptError(f"{cfg.head!r} is the native head: it is the teacher and stays "
                          "bit-identical; adapt one of the trimmed heads")
     if cfg.train.kind not in ADAPTER_KINDS:
@@ -90,18 +101,25 @@ def copy_checkpoint(src: Path, out: Path) -> None:
 
 
 def write_adapter(directory: Path, head: str, spec: AdapterSpec,
-                  tensors: dict[str, torch.Tensor]) -> int:
-    """Write the sidecar (a new file name), then swap in the manifest that names it; the
-    head's previous sidecar goes last. A reader sees the old or the new adapter, never a
-    mix. Returns the sidecar's size in bytes."""
+                  tensors: dict[str, torch.Tensor], role: str = "adapter") -> int:
+    """Write the sidecar (a new file name), then swap in the manifest that names it as
+    `head`'s `role` (adapter, or reading_adapter for its two-level reading); the previous
+    sidecar goes last. A reader sees the old or the new adapter, never a mix. Returns the
+    sidecar's size in bytes."""
     manifest = Manifest.load(directory)
-    old = manifest.head(head).adapter
+    old = getattr(manifest.head(head), role)
     path = directory / spec.file
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, str(tmp), metadata={"head": head, "kind": spec.kind})
+    save_file(tensors, str(tmp), metadata={"head": head, "kind": spec.kind, "role": role})
     tmp.replace(path)
-    heads = tuple(replace(h, adapter=spec) if h.name == head else h for h in manifest.heads)
+    def swap(h: HeadSpec) -> HeadSpec:
+        if h.name != head:
+            return h
+        return replace(h, reading_adapter=spec) if role == "reading_adapter" else replace(
+            h, adapter=spec)
+
+    heads = tuple(swap(h) for h in manifest.heads)
     new = replace(manifest, heads=heads)
     new.validate()
     staged = directory / f".{MANIFEST_FILE}.adapt.tmp"
@@ -128,14 +146,17 @@ def adapt(checkpoint: Path, cfg: AdaptConfig, out: Path | None = None) -> AdaptR
     cache = (cfg.cache_dir or Path.home() / ".cache" / "polyhead" / "adapt") / (
         f"{manifest.model_name}-{cfg.head}-{key}")
     log.info("adapting head %s; cache %s", cfg.head, cache)
+    # A reading's adapter corrects its split head's rows, over native context.
+    reading = cfg.head in manifest.readings
+    head = manifest.readings[cfg.head] if reading else cfg.head
     splits = {}
     for split in ("train", "heldout"):
-        splits[split] = load_or_build(cache / f"{split}.safetensors", ckpt, cfg.head,
+        splits[split] = load_or_build(cache / f"{split}.safetensors", ckpt, head,
                                       split_windows(cfg.data, split), cfg.top_k,
-                                      f"cache {split}")
+                                      f"cache {split}", reading)
     (train_data, _), (heldout, sources) = splits["train"], splits["heldout"]
     run_key = hashlib.sha256(json.dumps(asdict(cfg.train)).encode()).hexdigest()[:12]
-    w = ckpt.model.unembedding_rows(cfg.head).float()  # the shared rows, never the adapted
+    w = ckpt.model.unembedding_rows(head).float()  # the shared rows, never the adapted
     result = train(w, train_data, heldout, cfg.train, cache / f"run-{run_key}.pt")
 
     before = heldout_bits(None, w, heldout) / heldout["bytes"].double()
@@ -155,7 +176,8 @@ def adapt(checkpoint: Path, cfg: AdaptConfig, out: Path | None = None) -> AdaptR
         train_positions=int(train_data["target"].numel()),
         heldout_bpb_before=round(result.heldout_bpb_before, 4),
         heldout_bpb_after=round(result.heldout_bpb_after, 4))
-    size = write_adapter(target, cfg.head, spec, result.params.stored(spec.prefix))
+    size = write_adapter(target, head, spec, result.params.stored(spec.prefix),
+                         "reading_adapter" if reading else "adapter")
     if size > MAX_ADAPTER_BYTES:
         log.warning("adapter file is %.1f MB, over the %.0f MB budget", size / 2**20,
                     MAX_ADAPTER_BYTES / 2**20)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from heads.corpus.splits import read_documents, source_name
-from heads.eval.grouped import grouped_token_bits
+from heads.eval.grouped import first_level, grouped_token_bits
 from heads.manifest import READING_SUFFIX
 from heads.model.forward import forward_hidden
 from heads.model.weights import Checkpoint
@@ -231,8 +231,9 @@ def _score_grouped(ckpt: Checkpoint, head: str, native: str, source: str, pieces
                    ) -> HeadSourceResult:
     """One nested head read as a two-level softmax over one source's pieces."""
     bits, dt, n, read = 0.0, 0.0, 0, 0
+    level1 = first_level(ckpt, head)
     for ids in native_ids:
-        b, t = grouped_token_bits(ckpt, head, native, ids, groups, rows)
+        b, t = grouped_token_bits(ckpt, native, ids, groups, level1, rows)
         bits, dt, n = bits + float(b.sum()), dt + t, n + len(ids)
         sizes = groups.sizes[groups.piece[np.asarray(ids, dtype=np.int64)]]
         read += int(sizes[sizes > 1].sum())

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from heads.errors import CheckpointError
-from heads.manifest import HeadSpec, Manifest
+from heads.manifest import READING_SUFFIX, HeadSpec, Manifest
 from heads.model.adapter import HeadOutput, build_output
 from heads.model.attention import KVCache, StepMetadata
 from heads.model.gemma3 import Gemma3Backbone
@@ -57,7 +57,7 @@ class MultiHeadModel(nn.Module):
             raise CheckpointError(f"compute dtype {self.dtype_name!r} not in {sorted(_DTYPES)}")
         self.dtype = _DTYPES[self.dtype_name]
         self.heads: dict[str, HeadSpec] = {h.name: h for h in manifest.heads}
-        self._readings: dict[str, int] = {}  # reading -> V of its first level (add_reading)
+        self._readings: dict[str, str] = {}  # reading -> the split head it reads (add_reading)
         self.backbone = build_backbone(manifest)
         self._load_backbone(tensors)
         # Matrix names contain dots, which module attribute names may not, so each one is a
@@ -78,25 +78,26 @@ class MultiHeadModel(nn.Module):
     def _load_adapters(self, tensors: dict[str, torch.Tensor]) -> None:
         native = max(self.manifest.heads, key=lambda h: h.vocab_size)
         for i, h in enumerate(self.manifest.heads):
-            if h.adapter is None:
-                continue
-            if h is native:
+            if h.adapter is not None and h is native:
                 raise CheckpointError(f"heads[{i}].adapter: the native (largest) head is "
                                       "the reference and cannot be adapted")
-            out = build_output(h.adapter, self.unembedding_rows(h.name), tensors, self.dtype,
-                               f"heads[{i}]")
-            # Buffers, so .to(device) moves them. The stored (unfolded) tensors stay in their
-            # sidecar file: state_dict_for_save never writes them.
-            roles = {"bias": out.bias}
-            if h.adapter.kind == "lowrank":
-                roles["weight"] = out.weight
-            else:
-                roles.update({"down": out.down, "up": out.up})
-            attrs: dict[str, str] = {}
-            for role, t in roles.items():
-                attrs[role] = f"adapter_{len(self._adapter_attr)}_{len(attrs)}"
-                self.register_buffer(attrs[role], t)
-            self._adapter_attr[h.name] = attrs
+            # A reading's first level is this head's rows too (the split head is nested in
+            # the native matrix), so both adapters correct the same [V, d] rows.
+            for served, adapter in h.adapters():
+                out = build_output(adapter, self.unembedding_rows(h.name), tensors, self.dtype,
+                                   f"heads[{i}] ({served})")
+                # Buffers, so .to(device) moves them. The stored (unfolded) tensors stay in
+                # their sidecar file: state_dict_for_save never writes them.
+                roles = {"bias": out.bias}
+                if adapter.kind == "lowrank":
+                    roles["weight"] = out.weight
+                else:
+                    roles.update({"down": out.down, "up": out.up})
+                attrs: dict[str, str] = {}
+                for role, t in roles.items():
+                    attrs[role] = f"adapter_{len(self._adapter_attr)}_{len(attrs)}"
+                    self.register_buffer(attrs[role], t)
+                self._adapter_attr[served] = attrs
 
     def _matrix_names(self) -> list[str]:
         names: dict[str, None] = {}  # ordered set: tied names collapse to one entry
@@ -166,25 +167,32 @@ class MultiHeadModel(nn.Module):
 
     def add_reading(self, name: str, head: str) -> None:
         """Serve `name` as a reading of the native head whose logits are `head`'s first V
-        rows of it, unadapted (heads/engine/grouped_reading.py adds the second level): it
-        embeds and emits native ids, so its spec is the native head's under a new name."""
-        v = self._head(head).vocab_size
-        if self._readings.get(name) == v:
+        rows of it (heads/engine/grouped_reading.py adds the second level): it embeds and
+        emits native ids, so its spec is the native head's under a new name."""
+        self._head(head)
+        if self._readings.get(name) == head:
             return  # registered already (engines built one after another on one model)
         if name in self.heads:
             raise ValueError(f"head {name!r} exists already")
         native = max(self.manifest.heads, key=lambda h: h.vocab_size)
         self.heads[name] = replace(native, name=name)
-        self._readings[name] = v
+        self._readings[name] = head
 
     def head_output(self, head_name: str) -> HeadOutput:
         """What the head's logits come from: every logits path goes through this, so an
         adapted head is adapted everywhere. Unadapted: the shared rows, no bias. A reading
-        (add_reading): the native rows up to its level's V."""
+        (add_reading): its first level (reading_output)."""
         if head_name in self._readings:
-            return HeadOutput(self.unembedding_rows(head_name)[:self._readings[head_name]])
-        rows = self.unembedding_rows(head_name)
-        attrs = self._adapter_attr.get(head_name)
+            return self.reading_output(self._readings[head_name])
+        return self._output(head_name, self.unembedding_rows(head_name))
+
+    def reading_output(self, split_head: str) -> HeadOutput:
+        """The first level of `split_head`'s two-level reading: its V rows of the native
+        matrix, with the reading's adapter (HeadSpec.reading_adapter) when it has one."""
+        return self._output(split_head + READING_SUFFIX, self.unembedding_rows(split_head))
+
+    def _output(self, served: str, rows: torch.Tensor) -> HeadOutput:
+        attrs = self._adapter_attr.get(served)
         if attrs is None:
             return HeadOutput(rows)
 

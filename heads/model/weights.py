@@ -66,9 +66,9 @@ def load_adapter_tensors(directory: Path, manifest: Manifest, device: str = "cpu
     """Every adapted head's tensors (fp32), read from their sidecar files."""
     out: dict[str, torch.Tensor] = {}
     for h in manifest.heads:
-        if h.adapter is not None:
-            with safe_open(str(directory / h.adapter.file), framework="pt", device=device) as f:
-                out.update({k: f.get_tensor(k) for k in h.adapter.names()})
+        for _, adapter in h.adapters():
+            with safe_open(str(directory / adapter.file), framework="pt", device=device) as f:
+                out.update({k: f.get_tensor(k) for k in adapter.names()})
     return out
 
 

@@ -23,7 +23,9 @@ def register(hsub: argparse._SubParsersAction) -> None:
     p = hsub.add_parser(
         "adapt", help="fit a trimmed head's output adapter with the backbone frozen")
     p.add_argument("dir", type=Path, help="checkpoint directory")
-    p.add_argument("--head", required=True, help="the trimmed head to adapt (not the native)")
+    p.add_argument("--head", required=True,
+                   help="the trimmed head to adapt (not the native), or <head>+groups for a "
+                   "split head's two-level reading (its first level, over native context)")
     p.add_argument("--kind", choices=("lowrank", "hidden"), default="hidden",
                    help="hidden (default): bias + h + U D h; lowrank: bias + A B on the "
                    "head's rows")
@@ -57,6 +59,9 @@ def register(hsub: argparse._SubParsersAction) -> None:
     where.add_argument("--in-place", action="store_true", default=True,
                        help="write into DIR (default; atomic)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--refit-penalty", action=argparse.BooleanOptionalAction, default=True,
+                   help="refit the router's quality model on the adapted checkpoint when it "
+                   "has one (default; evaluates every head on the per-language samples)")
     p.set_defaults(run=_heads_adapt)
 
 
@@ -66,6 +71,8 @@ def _heads_adapt(args: argparse.Namespace) -> None:
     from heads.adapt.data import DataConfig
     from heads.adapt.run import AdaptConfig, adapt
     from heads.adapt.train import TrainConfig
+    from heads.manifest import Manifest
+    from server.model_source import fit_penalties
     from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
@@ -91,3 +98,11 @@ def _heads_adapt(args: argparse.Namespace) -> None:
           f"{report.adapter_bytes / 2**20:.2f} MB ({s.file})")
     for source, (before, after) in report.heldout_by_source.items():
         print(f"  {source:<12}{before:>8.4f} -> {after:.4f}")
+    if args.refit_penalty and Manifest.load(report.checkpoint).penalty(args.head) is not None:
+        # The router's quality bound reads the stored fit: refit it on the adapted head so
+        # adaptation moves traffic without a manual step.
+        t1 = time.perf_counter()
+        fits = fit_penalties(report.checkpoint)
+        fit = fits[args.head]
+        print(f"router penalty of {args.head}: {fit.per_split:.3g} x split share + "
+              f"{fit.per_fallback_share:.3g} x fallback ({time.perf_counter() - t1:.0f} s)")

@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from heads.eval.grouped import grouped_token_bits
+from heads.eval.grouped import first_level, grouped_token_bits
 from heads.model.forward import forward_hidden
 from heads.model.weights import Checkpoint
 from heads.vocab.piece_groups import PieceGroups
@@ -55,6 +55,6 @@ def _reading_bits(ckpt: Checkpoint, head: str, prompt: list[int], target: list[i
     native = ckpt.manifest.native.name
     rows = ckpt.model.unembedding_rows(native).float()  # a view when the model is fp32
     groups = PieceGroups.from_split(split)  # one argsort over the native ids, ~20 ms
-    bits, _ = grouped_token_bits(ckpt, head, native, prompt + target, groups, rows,
-                                 first=len(prompt))
+    bits, _ = grouped_token_bits(ckpt, native, prompt + target, groups,
+                                 first_level(ckpt, head), rows, first=len(prompt))
     return float(bits[-len(target):].sum())

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from heads.eval.grouped import grouped_token_bits
+from heads.eval.grouped import first_level, grouped_token_bits
 from heads.eval.measure import GROUPED
 from heads.eval.targets import quality_targets
 from heads.model.forward import forward_hidden
@@ -76,13 +76,14 @@ def test_bits_equal_a_dense_two_level_softmax_that_sums_to_one(ckpt: Checkpoint)
         table = ckpt.tokenizers[head].split
         assert table is not None
         groups = PieceGroups.from_split(table)
-        got, _ = grouped_token_bits(ckpt, head, native, ids, groups, rows)
+        got, _ = grouped_token_bits(ckpt, native, ids, groups, first_level(ckpt, head), rows)
         want, last = _dense_bits(ckpt, head, native, ids, torch.from_numpy(groups.piece))
         assert got.shape == (len(ids),)
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
         assert float(last.sum()) == pytest.approx(1.0, abs=1e-5)
         # A context-only prefix is not scored; the rest is scored exactly as before.
-        tail, _ = grouped_token_bits(ckpt, head, native, ids, groups, rows, first=5)
+        tail, _ = grouped_token_bits(ckpt, native, ids, groups, first_level(ckpt, head), rows,
+                                     first=5)
         assert (tail[:5] == 0).all() and torch.allclose(tail[5:], got[5:], rtol=1e-6)
 
 
