@@ -15,6 +15,7 @@ import torch
 from kernels import reference, rng
 from kernels.errors import ShapeMismatch
 from kernels.packed_rows import BlockReader, PackedRows
+from kernels.row_groups import bias_columns
 from kernels.sampling_params import SampleOutput, SamplingBatch
 from kernels.streaming import Partials, StreamSpec, finish, pack_keys, stream_spec
 
@@ -94,8 +95,8 @@ def chunk_partials(
             break
         raw = (h32[:m] @ weight[lo:hi].to(torch.float32).T if block is None  # [m, c]
                else block(lo, hi)[:m])
-        if bias is not None:
-            raw = raw + bias[:m, lo:hi]
+        if bias is not None and lo < bias.shape[1]:  # bias [b, Vb]: zero past Vb
+            raw = raw + bias_columns(bias[:m, lo:hi], hi - lo)
         if cover is not None and cover.vocab[m - 1] < hi:  # a row's head ends inside the chunk
             raw = raw.masked_fill(torch.arange(lo, hi)[None, :] >= cover.limits[:m, None],
                                   float("-inf"))

@@ -28,7 +28,13 @@ import torch
 from kernels import chunked, reference, split
 from kernels.errors import ShapeMismatch
 from kernels.packed_rows import PackedRows
-from kernels.row_groups import descending_order, reference_per_head, take_rows
+from kernels.row_groups import (
+    bias_at,
+    bias_columns,
+    descending_order,
+    reference_per_head,
+    take_rows,
+)
 from kernels.sampling_params import SampleOutput, SamplingBatch
 from kernels.streaming import finish, stream_spec
 
@@ -43,13 +49,15 @@ def unembed_and_sample(
     chunk: int | None = None,
 ) -> SampleOutput:
     """hidden [B, d] (each row already through its head's hidden transform); weight [Vmax, d],
-    the largest head's rows; row_vocab [B] int64, each row's V (<= Vmax); bias [B, Vmax] fp32
-    or None, columns past a row's V ignored; packed: weight's rows in oneDNN blocks (CPU)."""
+    the largest head's rows; row_vocab [B] int64, each row's V (<= Vmax); bias [B, Vb] fp32
+    or None, Vb <= Vmax, zero at columns >= Vb and ignored past a row's V; packed: weight's
+    rows in oneDNN blocks (CPU)."""
     _check(hidden, weight, row_vocab, batch, bias, packed)
     if kernel == "fused":
         from kernels import triton_fused  # imports triton: only on devices that run it
 
-        return triton_fused.unembed_and_sample(hidden, weight, batch, bias,
+        full = None if bias is None else bias_columns(bias, weight.shape[0])
+        return triton_fused.unembed_and_sample(hidden, weight, batch, full,
                                                row_vocab=row_vocab.to(hidden.device))
     if kernel not in KERNELS:
         raise ValueError(f"nested kernel {kernel!r} not in {KERNELS}")
@@ -100,8 +108,9 @@ def _split(h: torch.Tensor, weight: torch.Tensor, row_vocab: list[int], batch: S
         v = row_vocab[lo]
         hi = lo + row_vocab[lo:].count(v)
         sl = logits[lo:hi, :v]
-        if bias is not None:
-            sl = sl + bias[lo:hi, :v]
+        if bias is not None:  # in place: logits is this call's own buffer
+            w = min(v, bias.shape[1])
+            logits[lo:hi, :w] += bias[lo:hi, :w]
         out = _sample(sl, take_rows(batch, torch.arange(lo, hi)))
         tokens[lo:hi] = out.token_ids
         if logprobs is not None and out.logprobs is not None:
@@ -133,7 +142,7 @@ def _chunked(h: torch.Tensor, weight: torch.Tensor, limits: torch.Tensor,
 
     def logit_at(tokens: torch.Tensor) -> torch.Tensor:
         out = (h32 * w[tokens].to(torch.float32)).sum(dim=1)
-        return out if b2 is None else out + b2.gather(1, tokens[:, None]).squeeze(1)
+        return out if b2 is None else out + bias_at(b2, tokens)
 
     def fallback(rows: torch.Tensor) -> SampleOutput:
         return reference_per_head(h, w, batch, b2, limits, rows)
@@ -154,7 +163,8 @@ def _check(hidden: torch.Tensor, weight: torch.Tensor, row_vocab: torch.Tensor,
     lo, hi = int(row_vocab.min()), int(row_vocab.max())
     if lo < 1 or hi > weight.shape[0]:
         raise ShapeMismatch(f"row_vocab in [{lo}, {hi}], weight has {weight.shape[0]} rows")
-    if bias is not None and (bias.dim() != 2 or tuple(bias.shape) != (b, weight.shape[0])):
-        raise ShapeMismatch(f"bias must be [{b}, {weight.shape[0]}], got {tuple(bias.shape)}")
+    if bias is not None and (bias.dim() != 2 or bias.shape[0] != b
+                             or not 1 <= bias.shape[1] <= weight.shape[0]):
+        raise ShapeMismatch(f"bias must be [{b}, <= {weight.shape[0]}], got {tuple(bias.shape)}")
     if packed is not None and packed.vocab != hi:
         raise ShapeMismatch(f"packed rows have V={packed.vocab}, the largest row has V={hi}")

@@ -13,6 +13,21 @@ from kernels.sampling_params import SampleOutput, SamplingBatch
 log = logging.getLogger(__name__)
 
 
+def bias_columns(bias: torch.Tensor, v: int) -> torch.Tensor:
+    """bias [b, Vb] -> [b, v]: cut, or padded with zeros. A nested pass's bias only spans the
+    largest biased head (Vb <= Vmax): a [B, Vmax] buffer of zeros for an adapted 32k head in a
+    262k step would be 16 MB written and read per step at B = 16."""
+    vb = bias.shape[1]
+    return bias[:, :v] if vb >= v else torch.nn.functional.pad(bias, (0, v - vb))
+
+
+def bias_at(bias: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    # bias [b, Vb], tokens [b] int64 -> [b] fp32, 0 for a token at or past Vb
+    inside = tokens < bias.shape[1]
+    got = bias.gather(1, torch.where(inside, tokens, 0)[:, None]).squeeze(1)
+    return torch.where(inside, got, torch.zeros_like(got))
+
+
 def take_rows(batch: SamplingBatch, rows: torch.Tensor) -> SamplingBatch:
     return SamplingBatch(
         batch.temperature[rows], batch.top_p[rows], batch.top_k[rows], batch.seed[rows],
@@ -25,7 +40,7 @@ def reference_per_head(
     bias: torch.Tensor | None, row_vocab: torch.Tensor, rows: torch.Tensor,
 ) -> SampleOutput:
     """The reference on `rows` [r], each against its own head's rows weight[:V_i].
-    hidden [b, d]; bias [b, V] fp32 or None; row_vocab [b] int64."""
+    hidden [b, d]; bias [b, Vb] fp32 or None (zero past Vb); row_vocab [b] int64."""
     dev = hidden.device
     tokens = torch.zeros(rows.shape[0], dtype=torch.int64, device=dev)
     logprobs = (torch.zeros(rows.shape[0], dtype=torch.float32, device=dev)
@@ -35,7 +50,7 @@ def reference_per_head(
         at = torch.nonzero(sub_vocab == v).squeeze(1)  # positions in `rows`
         r = rows[at]
         out = reference.unembed_and_sample(
-            hidden[r], weight[:v], take_rows(batch, r), None if bias is None else bias[r, :v])
+            hidden[r], weight[:v], take_rows(batch, r), None if bias is None else bias_columns(bias[r], v))
         tokens[at] = out.token_ids.to(dev)
         if logprobs is not None and out.logprobs is not None:
             logprobs[at] = out.logprobs.to(dev)

@@ -242,8 +242,9 @@ class ModelRunner:
         row_vocab = self._tensor([g.vocab for g in groups for _ in g.rows])
         batch = _concat([g.batch for g in groups])
         bias = None
-        if any(g.head_out.bias is not None for g in groups):
-            bias = torch.zeros(h.shape[0], vmax, dtype=torch.float32, device=self.device)
+        biased = [g.vocab for g in groups if g.head_out.bias is not None]
+        if biased:  # [B, widest biased head]: the kernels add nothing past it
+            bias = torch.zeros(h.shape[0], max(biased), dtype=torch.float32, device=self.device)
             at = 0
             for g in groups:
                 if g.head_out.bias is not None:

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from kernels import chunked, nested, split  # noqa: E402
+from kernels import chunked, nested, reference, split  # noqa: E402
 from kernels.errors import ShapeMismatch  # noqa: E402
 from kernels.packed_rows import RowPacker, packing_supported  # noqa: E402
 from kernels.row_groups import take_rows  # noqa: E402
@@ -198,6 +198,37 @@ def test_nested_sampler_chi_square(kernel: str, top_k: int) -> None:
     assert stats.chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-3
 
 
+@pytest.mark.parametrize("kernel,path,dev", PATHS)
+def test_nested_bias_narrower_than_the_matrix(kernel: str, path: str, dev: str) -> None:
+    # An adapted small head in a step with the largest: the bias spans the 2048-row head's
+    # columns only, is cut for the 1500-row head and adds nothing past 2048 for the 7001-row
+    # head. Checked against the torch reference on each head's rows with the bias spelled out.
+    vocab = [7001, 2048, 7001, 2048, 1500, 2048]
+    h, w = _data(len(vocab), 7001, 64, seed=11)
+    narrow = torch.randn(len(vocab), 2048, generator=torch.Generator().manual_seed(5))
+    narrow[0] = narrow[2] = 0  # the largest head is not adapted
+    narrow[3, 1000:] = float("-inf")
+    narrow[4, 1234] = 100.0
+    rows = [RowParams(temperature=0.0), RowParams(temperature=1.0, top_k=7, seed=1),
+            RowParams(temperature=0.8, top_p=0.9, seed=2), RowParams(temperature=1.2, seed=3),
+            RowParams(temperature=0.0), RowParams(temperature=0.9, seed=4)]
+    batch = SamplingBatch.from_rows(rows, [5] * len(vocab), want_logprobs=True)
+    packer = _packed(w) if "packed" in path else None
+    hd, wd = h.to(dev), w.to(dev)
+    got = nested.unembed_and_sample(kernel, hd, wd, torch.tensor(vocab), batch, narrow.to(dev),
+                                    None if packer is None else packer.pack(wd),
+                                    chunk=BLOCK if kernel == "chunked" else None)
+    full = torch.nn.functional.pad(narrow, (0, 7001 - 2048))
+    groups = {}
+    for v in sorted(set(vocab)):
+        r = torch.nonzero(torch.tensor(vocab) == v).squeeze(1)
+        groups[v] = (r, reference.unembed_and_sample(h[r], w[:v], take_rows(batch, r),
+                                                     full[r, :v]))
+    assert_nested_equals_per_group(got, groups, h, w, batch, full)
+    assert int(got.token_ids[3]) < 1000
+    assert int(got.token_ids[4]) == 1234
+
+
 def test_nested_rejects_rows_past_the_matrix_and_bad_bias() -> None:
     h, w = _data(2, 100, 8, seed=1)
     batch = SamplingBatch.from_rows([RowParams(temperature=0.0)] * 2, [0, 0])
@@ -205,6 +236,9 @@ def test_nested_rejects_rows_past_the_matrix_and_bad_bias() -> None:
         nested.unembed_and_sample("split", h, w, torch.tensor([100, 101]), batch)
     with pytest.raises(ShapeMismatch):
         nested.unembed_and_sample("split", h, w, torch.tensor([0, 50]), batch)
-    with pytest.raises(ShapeMismatch):
+    with pytest.raises(ShapeMismatch):  # wider than the matrix
         nested.unembed_and_sample("chunked", h, w, torch.tensor([100, 50]), batch,
-                                  torch.zeros(2, 50))
+                                  torch.zeros(2, 101))
+    with pytest.raises(ShapeMismatch):  # one row short
+        nested.unembed_and_sample("split", h, w, torch.tensor([100, 50]), batch,
+                                  torch.zeros(1, 100))
