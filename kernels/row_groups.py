@@ -50,7 +50,8 @@ def reference_per_head(
         at = torch.nonzero(sub_vocab == v).squeeze(1)  # positions in `rows`
         r = rows[at]
         out = reference.unembed_and_sample(
-            hidden[r], weight[:v], take_rows(batch, r), None if bias is None else bias_columns(bias[r], v))
+            hidden[r], weight[:v], take_rows(batch, r),
+            None if bias is None else bias_columns(bias[r], v))
         tokens[at] = out.token_ids.to(dev)
         if logprobs is not None and out.logprobs is not None:
             logprobs[at] = out.logprobs.to(dev)
