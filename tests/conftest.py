@@ -69,12 +69,17 @@ def start_gateway(model_dir: Path, log_path: Path, ready_timeout_s: float = 120,
 
 
 def stop_gateway(gw: Gateway) -> int:
+    """SIGTERM and the exit code; a non-zero exit prints the log's tail, which pytest
+    shows beside the failing assertion."""
     gw.process.send_signal(signal.SIGTERM)
     try:
-        return gw.process.wait(timeout=60)
+        rc = gw.process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         gw.process.kill()
-        return gw.process.wait()
+        rc = gw.process.wait()
+    if rc != 0:
+        print(f"gateway exited {rc}; log tail:\n{gw.log()[-4000:]}")
+    return rc
 
 
 @pytest.fixture(scope="session")

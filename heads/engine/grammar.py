@@ -36,6 +36,11 @@ class GrammarCompiler:
         self._cache: dict[StructuredSpec, Any] = {}
         self._lock = threading.Lock()
 
+    @property
+    def is_warm(self) -> bool:
+        """Whether the tokenizer table is built (a compile pays only for its grammar)."""
+        return self._compiler is not None
+
     def warm(self) -> None:
         with self._lock:
             self._get_compiler()

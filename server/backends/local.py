@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator, Collection
 
@@ -27,13 +28,19 @@ class LocalBackend(BackendBase):
         self.model = model
         self.grammars = grammars
         self.engine = LocalEngine(model, config, grammars, readings)
+        self._grammar_warm: threading.Thread | None = None
 
     async def start(self) -> None:
         await self.engine.start()
         await self._warm_up()
         if self.grammars is not None:
             # The vocabulary table takes seconds; build it beside serving, not before it.
-            threading.Thread(target=self.grammars.warm, name="grammar-warm", daemon=True).start()
+            # Daemon so a hung build cannot pin the process, but joined at stop: a thread
+            # still importing or inside xgrammar's C++ while the interpreter finalises can
+            # abort the process (SIGABRT) instead of a clean exit.
+            self._grammar_warm = threading.Thread(target=self.grammars.warm,
+                                                  name="grammar-warm", daemon=True)
+            self._grammar_warm.start()
 
     def grammar_compiler(self) -> GrammarCompiler | None:
         return self.grammars
@@ -52,6 +59,9 @@ class LocalBackend(BackendBase):
 
     async def stop(self) -> None:
         await self.engine.shutdown()
+        if self._grammar_warm is not None:
+            await asyncio.to_thread(self._grammar_warm.join)
+            self._grammar_warm = None
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         return self.engine.generate(request)
