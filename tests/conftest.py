@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -69,7 +70,7 @@ def start_gateway(model_dir: Path, log_path: Path, ready_timeout_s: float = 120,
 
 
 def stop_gateway(gw: Gateway) -> int:
-    """SIGTERM and the exit code; a non-zero exit prints the log's tail, which pytest
+    """SIGTERM and the exit code; a non-zero exit logs the gateway log's tail, which pytest
     shows beside the failing assertion."""
     gw.process.send_signal(signal.SIGTERM)
     try:
@@ -78,7 +79,8 @@ def stop_gateway(gw: Gateway) -> int:
         gw.process.kill()
         rc = gw.process.wait()
     if rc != 0:
-        print(f"gateway exited {rc}; log tail:\n{gw.log()[-4000:]}")
+        logging.getLogger(__name__).error("gateway exited %d; log tail:\n%s", rc,
+                                          gw.log()[-4000:])
     return rc
 
 

@@ -87,6 +87,18 @@ def share_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     return {h: round(v / total, 3) for h, v in sorted(delta.items()) if v}
 
 
+def native_export(model_dir: Path, manifest: Manifest, cache_dir: Path) -> Path:
+    """The native head's standard vLLM directory (`export vllm --per-head`), exported into
+    the cache on first use: the model an operator serves without polyhead."""
+    from heads.vllm_plugin.export import export_vllm_per_head
+
+    native = max(manifest.heads, key=lambda h: h.vocab_size)
+    out = cache_dir / "exports" / f"{model_dir.name}-per-head"
+    if not (out / native.name / "config.json").is_file():
+        export_vllm_per_head(model_dir, out)
+    return out / native.name
+
+
 @contextmanager
 def stock_server(model_dir: Path, port: int, log: Path) -> Iterator[str]:
     """Stock vLLM's OpenAI server on one exported head (fp32, the CPU platform)."""

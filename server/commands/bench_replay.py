@@ -46,6 +46,10 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--grouped-heads", default="", metavar="HEADS",
                    help="split heads (e.g. 32k) whose two-level readings (<head>+groups) are "
                         "served too, as the gateway's grouped_heads setting does")
+    p.add_argument("--stock-vllm", action="store_true",
+                   help="with --levels: also replay on stock vLLM serving the native head "
+                        "(its `export vllm --per-head` directory, in vLLM's own server), "
+                        "compared on wall seconds in flight per output MB")
     p.add_argument("--score-stride", type=int, default=1, metavar="K",
                    help="with --levels: score served BPB on every K-th request (default 1)")
     p.set_defaults(run=_run)
@@ -130,8 +134,12 @@ def _run(args: argparse.Namespace) -> None:
 def _run_levels(args: argparse.Namespace, ckpt, policies: list[str], languages: bool) -> None:
     from router.simulate.traces import TRACES, SimRequest
     from server.bench.replay.level_run import replay_levels, report
+    from server.bench.replay.levels import STOCK_PREFIX
     from server.bench.replay.runner import ReplayConfig
+    from server.bench.replay.stock import stock_vllm
     from server.commands.errors import CliError
+    from server.model_source import resolve_model_dir
+    from server.settings import load_settings
 
     try:
         clients = [int(c) for c in args.levels.split(",") if c.strip()]
@@ -155,13 +163,27 @@ def _run_levels(args: argparse.Namespace, ckpt, policies: list[str], languages: 
         duration *= 2
     trace = trace[:args.requests]
     labels = [*policies, *(f"static:{h}" for h in statics)]
+    if args.stock_vllm:
+        labels.append(f"{STOCK_PREFIX}{largest}")
     cfg = ReplayConfig(max_num_seqs=args.max_num_seqs, lambda_forecast=args.lam)
     print(f"replaying {len(trace)} {args.trace} requests at {len(clients)} load level(s) "
           f"({', '.join(map(str, clients))} in flight) on {ckpt.manifest.model_name} "
           f"({args.threads} threads, float32), {args.rounds} round(s) of "
           f"{', '.join(labels)}")
-    lvls = asyncio.run(replay_levels(ckpt, trace, labels, clients, cfg, args.rounds,
-                                     args.calibration, args.score_stride))
+
+    async def replay() -> list:
+        if not args.stock_vllm:
+            return await replay_levels(ckpt, trace, labels, clients, cfg, args.rounds,
+                                       args.calibration, args.score_stride)
+        settings = load_settings(None)
+        model_dir = resolve_model_dir(args.model, settings.cache_dir)
+        args.out.mkdir(parents=True, exist_ok=True)
+        async with stock_vllm(model_dir, ckpt.manifest, settings.cache_dir,
+                              args.out / "stock-vllm.log") as stock:
+            return await replay_levels(ckpt, trace, labels, clients, cfg, args.rounds,
+                                       args.calibration, args.score_stride, stock)
+
+    lvls = asyncio.run(replay())
     router = next(p for p in policies if not p.endswith(":blind"))
     text, _ = report(lvls, router, f"static:{largest}", args.trace == "english", args.trace,
                      args.out)

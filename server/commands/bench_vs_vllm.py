@@ -22,7 +22,6 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> None:
     from heads.manifest import Manifest
-    from heads.vllm_plugin.export import export_vllm_per_head
     from server.bench.gateway import free_port, gateway
     from server.bench.vs_vllm import (
         PROMPT_SETS,
@@ -30,6 +29,7 @@ def _run(args: argparse.Namespace) -> None:
         cell,
         decisions,
         logs_dir,
+        native_export,
         share_delta,
         stock_server,
         table,
@@ -42,11 +42,8 @@ def _run(args: argparse.Namespace) -> None:
     settings = load_settings(None)
     model_dir = resolve_model_dir(args.model, settings.cache_dir)
     manifest = Manifest.load(model_dir)
-    native = max(manifest.heads, key=lambda h: h.vocab_size)
-    stock_dir = settings.cache_dir / "exports" / f"{model_dir.name}-per-head"
-    if not (stock_dir / native.name / "config.json").is_file():
-        export_vllm_per_head(model_dir, stock_dir)
-    tokenizer = stock_dir / native.name  # a transformers directory: the bench counts tokens
+    stock_dir = native_export(model_dir, manifest, settings.cache_dir)
+    tokenizer = stock_dir  # a transformers directory: the bench counts tokens
     sets = [s.strip() for s in args.prompts.split(",") if s.strip()]
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     logs, cells = logs_dir(), []
@@ -59,7 +56,7 @@ def _run(args: argparse.Namespace) -> None:
                 r = bench_serve(url, manifest.model_name, tokenizer, PROMPT_SETS[name], c,
                                 args.num_prompts, args.output_len, args.out / "polyhead" / name)
                 cells.append(cell("polyhead", name, c, r, share_delta(before, decisions(url))))
-    with stock_server(stock_dir / native.name, free_port(), logs / "stock.log") as url:
+    with stock_server(stock_dir, free_port(), logs / "stock.log") as url:
         for name in sets:
             for c in levels:
                 r = bench_serve(url, "stock", tokenizer, PROMPT_SETS[name], c,

@@ -10,8 +10,8 @@ from server.bench.replay.levels import Noise, Point, dominators, targets
 NAN = math.nan
 
 
-def pt(label: str, cost: float, en: float, non: float = NAN) -> Point:
-    return Point(label, cost, en, non, 1.0, 2.0, {})
+def pt(label: str, cost: float, en: float, non: float = NAN, inflight: float = NAN) -> Point:
+    return Point(label, cost, inflight, en, non, 1.0, 2.0, {})
 
 
 QUIET = Noise(0.0, 0.0, 2)
@@ -56,3 +56,20 @@ def test_cost_targets_use_the_cheapest_head_inside_the_bpb_bound() -> None:
     english = targets([pt("lifecycle", 101, 0.9), pt("static:262k", 100, 0.89)], "lifecycle",
                       "static:262k", "B=4", QUIET, True, False, False)
     assert [m for _, m, _ in english] == [False, False]
+
+
+def test_stock_vllm_is_judged_on_in_flight_time_at_low_load_only() -> None:
+    pts = [pt("lifecycle", 90, 0.90, 1.18, inflight=100),
+           pt("static:131k", 100, 0.90, 1.17, inflight=110),
+           pt("static:262k", 120, 0.88, 1.15, inflight=130),
+           pt("stock-vllm:262k", NAN, 0.88, 1.15, inflight=125)]
+    low = targets(pts, "lifecycle", "static:262k", "B=1", QUIET, False, True, False)
+    stock = [(m, d) for name, m, d in low if "stock-vllm:262k" in name]
+    assert stock == [(True, "100 vs 125 s/MB in flight (0.800x); router BPB inside the 5%")]
+    pts[-1] = pt("stock-vllm:262k", NAN, 0.88, 1.15, inflight=110)  # 100/110 = 0.91 > 0.85
+    low = targets(pts, "lifecycle", "static:262k", "B=1", QUIET, False, True, False)
+    assert [m for name, m, _ in low if "stock-vllm" in name] == [False]
+    # Not a static head: it never dominates, and only the low level compares with it.
+    assert "dominated" not in low[0][2]
+    high = targets(pts, "lifecycle", "static:262k", "B=16", QUIET, False, False, True)
+    assert not [name for name, _, _ in high if "stock-vllm" in name]

@@ -1,6 +1,7 @@
 """`polyhead bench replay --levels`: the same requests at several load levels, closed loop,
 on one engine, every label interleaved per round; served quality scored once at the end
-(a request served by the same head at two levels is scored once)."""
+(a request served by the same head at two levels is scored once). A stock label (stock vLLM
+on the native head) runs in the same rounds on its own backend."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from router.simulate.compare import policy_doc
 from router.simulate.traces import SimRequest
 from router.step_time_file import timer_from_file
 from router.step_time_fit import FittedStepTimer
+from server.backends.base import Backend
 from server.bench.replay import breakdown, levels
 from server.bench.replay.report import Compared
 from server.bench.replay.runner import ReplayConfig, Replayer, ReplayResult
@@ -32,15 +34,17 @@ class Level:
     @property
     def name(self) -> str:
         """Named by the measured mean running batch of its runs."""
-        b = sum(r.real.mean_batch for r in self.rows) / len(self.rows)
+        mine = [r for r in self.rows if not levels.is_stock(r.policy)]  # steps not seen
+        b = sum(r.real.mean_batch for r in mine) / max(1, len(mine))
         return f"B={b:.1f} ({self.clients} client{'s' if self.clients > 1 else ''})"
 
 
 async def replay_levels(ckpt: Checkpoint, trace: Sequence[SimRequest], labels: Sequence[str],
                         clients: Sequence[int], cfg: ReplayConfig, rounds: int,
-                        calibration: Path | None = None, score_stride: int = 1
-                        ) -> list[Level]:
-    """`labels`: policies and `static:<head>`; each runs `rounds` times per level."""
+                        calibration: Path | None = None, score_stride: int = 1,
+                        stock: Backend | None = None) -> list[Level]:
+    """`labels`: policies, `static:<head>` and `stock-vllm:<head>` (served by `stock`); each
+    runs `rounds` times per level."""
     profiles = head_profiles(ckpt.manifest, "float32")
     device = device_spec("auto")
     heads = [p.name for p in profiles]
@@ -57,11 +61,16 @@ async def replay_levels(ckpt: Checkpoint, trace: Sequence[SimRequest], labels: S
         for c in clients:
             for i in range(rounds):
                 for label in labels:
-                    doc = policy_doc(label.removeprefix("static:"), heads)
-                    res = await replayer.run(trace, doc, label, lambda t: "all", c)
+                    on_stock = label.startswith(levels.STOCK_PREFIX)
+                    if on_stock and stock is None:
+                        raise ValueError(f"{label} needs the stock backend")
+                    name = label.removeprefix(levels.STOCK_PREFIX).removeprefix("static:")
+                    res = await replayer.run(trace, policy_doc(name, heads), label,
+                                             lambda t: "all", c, stock if on_stock else None)
                     runs.setdefault(c, {}).setdefault(label, []).append(res)
-                    log.info("clients=%d %s (round %d/%d): %.4g s/MB, mean B %.2f, %.0f s",
-                             c, label, i + 1, rounds, res.result.cost_s_per_mb,
+                    log.info("clients=%d %s (round %d/%d): %.4g s/MB busy, %.4g in flight, "
+                             "mean B %.2f, %.0f s", c, label, i + 1, rounds,
+                             res.result.cost_s_per_mb, levels.inflight_cost(res),
                              res.mean_batch, res.wall_s)
         every = [res for by in runs.values() for rs in by.values() for res in rs]
         pairs = {(s.index, s.head) for res in every for s in res.served
@@ -75,7 +84,7 @@ async def replay_levels(ckpt: Checkpoint, trace: Sequence[SimRequest], labels: S
         await replayer.close()
     out = []
     for c, by in runs.items():
-        rows = [Compared(label, sorted(rs, key=lambda r: r.result.cost_s_per_mb)[len(rs) // 2],
+        rows = [Compared(label, sorted(rs, key=lambda r: levels.charged(label, r))[len(rs) // 2],
                          {}, tuple(rs)) for label, rs in by.items()]
         out.append(Level(c, rows))
     return out
@@ -99,7 +108,7 @@ def report(lvls: Sequence[Level], router: str, largest: str, english_only: bool,
         add(levels.table(pts, largest))
         add("\ndevice time by part (s, share of wall), per output MB (vs "
               f"{largest}: prefill/decode), decode step:")
-        add(breakdown.table(lv.rows, largest))
+        add(breakdown.table([r for r in lv.rows if not levels.is_stock(r.policy)], largest))
         lv_checks = levels.targets(pts, router, largest, lv.name, n, english_only, low, high)
         for name, met, detail in lv_checks:
             add(f"  {'MET' if met else 'MISSED'} {name}: {detail}")

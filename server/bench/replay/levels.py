@@ -7,6 +7,10 @@ head dominates it when it is at most as costly and at most as lossy on both BPB 
 where a difference within the run's noise counts as a tie (so a router that only matches a
 static head inside the noise is dominated). The noise is measured, not assumed: the largest
 relative spread of any label's figure over the repeated rounds (`--rounds 2` or more).
+
+A stock label (`stock-vllm:<head>`, stock vLLM on the native head: what runs without
+polyhead) has no visible steps, so it is compared on wall seconds with requests in flight
+per output MB, a figure every label reports alike (busy steps plus host overhead).
 """
 
 from __future__ import annotations
@@ -18,10 +22,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.bench.replay.report import Compared, served_bpb
+from server.bench.replay.runner import ReplayResult
 
 BPB_BOUND = 1.05  # "served BPB within 5% of static:262k's"
 LOW_COST_VS_STATIC = 0.95  # multilingual, low load: router <= this × the cheapest in-bound head
 COST_VS_STATIC = 1.00  # English-only every level, and high load: router <= this × ...
+COST_VS_STOCK = 0.85  # low load: router's in-flight s/MB <= this × stock vLLM's
+STOCK_PREFIX = "stock-vllm:"
+
+
+def is_stock(label: str) -> bool:
+    return label.startswith(STOCK_PREFIX)
+
+
+def inflight_cost(res: ReplayResult) -> float:
+    """Wall seconds with at least one request in flight, per output MB."""
+    mb = res.result.output_bytes / 1e6
+    return res.inflight_s / mb if mb else math.inf
+
+
+def charged(label: str, res: ReplayResult) -> float:
+    """What a label is judged on: busy step seconds per MB, or in flight for stock."""
+    return inflight_cost(res) if is_stock(label) else res.result.cost_s_per_mb
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +51,8 @@ class Point:
     """One label at one level: what the table, the verdict and the plot read."""
 
     label: str
-    cost: float  # device-s per output MB
+    cost: float  # device-s (busy engine steps) per output MB; NaN for a stock label
+    inflight: float  # wall s with requests in flight per output MB
     bpb_en: float  # NaN when the trace has no English (or no non-English) request
     bpb_non_en: float
     p50: float
@@ -45,7 +68,8 @@ class Noise:
 
 
 def points(rows: Sequence[Compared]) -> list[Point]:
-    return [Point(r.policy, r.real.result.cost_s_per_mb, served_bpb(r.real, True),
+    return [Point(r.policy, math.nan if is_stock(r.policy) else r.real.result.cost_s_per_mb,
+                  inflight_cost(r.real), served_bpb(r.real, True),
                   served_bpb(r.real, False), r.real.result.latency(0.5),
                   r.real.result.latency(0.99), r.real.result.share()) for r in rows]
 
@@ -61,7 +85,7 @@ def _spread(xs: Sequence[float]) -> float:
 def noise(rows: Sequence[Compared]) -> Noise:
     """The rounds' spread: (max − min) ÷ median per label, the largest over labels."""
     rounds = min((len(r.runs) for r in rows), default=0)
-    cost = max((_spread([x.result.cost_s_per_mb for x in r.runs]) for r in rows), default=0.0)
+    cost = max((_spread([charged(r.policy, x) for x in r.runs]) for r in rows), default=0.0)
     bpb = max((_spread([served_bpb(x, en) for x in r.runs]) for r in rows
                for en in (True, False)), default=0.0)
     return Noise(cost, bpb, rounds)
@@ -107,6 +131,13 @@ def targets(pts: Sequence[Point], router: str, largest: str, level: str, n: Nois
                     ratio <= bound and mine_inside,
                     f"{me.cost:.4g} vs {cheapest.cost:.4g} s/MB ({ratio:.3f}x); router BPB "
                     f"{'inside' if mine_inside else 'outside'} the 5%"))
+    stock = next((p for p in pts if is_stock(p.label)), None)
+    if low and stock is not None:
+        ratio, inside_stock = me.inflight / stock.inflight, _within(me, stock)
+        out.append((f"{level}: {router} <= {COST_VS_STOCK:.2f}x {stock.label}'s in-flight "
+                    "s/MB, BPB within 5%", ratio <= COST_VS_STOCK and inside_stock,
+                    f"{me.inflight:.4g} vs {stock.inflight:.4g} s/MB in flight ({ratio:.3f}x); "
+                    f"router BPB {'inside' if inside_stock else 'outside'} the 5%"))
     if high:
         ratio = me.cost / ref.cost
         out.append((f"{level}: {router} <= {COST_VS_STATIC:.2f}x {largest}, BPB within 5%",
@@ -118,12 +149,13 @@ def targets(pts: Sequence[Point], router: str, largest: str, level: str, n: Nois
 
 def table(pts: Sequence[Point], largest: str) -> str:
     ref = next(p for p in pts if p.label == largest)
-    lines = [f"{'policy':16} {'s/MB':>9} {'vs ' + largest:>16} {'BPB en':>7} "
-             f"{'BPB non-en':>10} {'p50 s':>7} {'p99 s':>7}  share"]
+    lines = [f"{'policy':20} {'s/MB':>9} {'vs ' + largest:>16} {'in-flight s/MB':>14} "
+             f"{'vs':>6} {'BPB en':>7} {'BPB non-en':>10} {'p50 s':>7} {'p99 s':>7}  share"]
     for p in pts:
         share = " ".join(f"{h}={v:.2f}" for h, v in p.share.items())
-        lines.append(f"{p.label:16} {p.cost:9.4g} {p.cost / ref.cost:16.3f} {p.bpb_en:7.3f} "
-                     f"{p.bpb_non_en:10.3f} {p.p50:7.3g} {p.p99:7.3g}  {share}")
+        lines.append(f"{p.label:20} {p.cost:9.4g} {p.cost / ref.cost:16.3f} {p.inflight:14.4g} "
+                     f"{p.inflight / ref.inflight:6.3f} {p.bpb_en:7.3f} {p.bpb_non_en:10.3f} "
+                     f"{p.p50:7.3g} {p.p99:7.3g}  {share}")
     return "\n".join(lines)
 
 
@@ -139,6 +171,8 @@ def plot(pts: Sequence[Point], title: str, path: Path) -> None:
     fig, axes = plt.subplots(1, len(cols), figsize=(5.5 * len(cols), 4.2), squeeze=False)
     for ax, (name, attr) in zip(axes[0], cols, strict=True):
         for p in pts:
+            if math.isnan(p.cost):  # a stock label: no busy-step figure to place
+                continue
             static = p.label.startswith("static:")
             ax.scatter(getattr(p, attr), p.cost, marker="s" if static else "o", s=60,
                        color="tab:gray" if static else "tab:red")

@@ -19,6 +19,12 @@ replay pays what serving pays; that time is inside the prefill steps and reporte
 
 Served quality is scored after the runs (`score`): the continuation's bits per byte given
 the prompt, under the head that served the request.
+
+A run may instead send every request to another backend (`run(backend=...)`): stock vLLM
+serving the native head is what an operator runs without polyhead. The same trace, texts,
+router path and token counts apply (its `min_tokens` holds it to the same length past an
+EOS); it scores no prompts, and as its steps are not visible here it is charged the wall
+time it had requests in flight (`ReplayResult.inflight_s`), which every run reports alike.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from typing import Any
 from heads.engine.config import EngineConfig
 from heads.engine.grouped_reading import GroupedReading
 from heads.engine.llm_engine import LocalEngine
-from heads.engine.types import GenerationRequest, StepTiming
+from heads.engine.types import NO_LOGIT_RULES, GenerationRequest, LogitRules, StepTiming
 from heads.model.weights import Checkpoint
 from heads.vocab.prompt_encoder import PromptEncoder
 from kernels.row_params import RowParams
@@ -46,6 +52,7 @@ from router.simulate.engine import SimResult
 from router.simulate.traces import SimRequest
 from router.state import LiveState
 from router.step_time_fit import FittedStepTimer, StepSample
+from server.backends.base import Backend
 from server.bench.replay.prompts import for_language
 from server.bench.replay.quality import continuation_bits
 from server.gateway.prompt_bpb import PromptBpbConfig
@@ -146,19 +153,25 @@ class Replayer:
         await self.engine.shutdown()
 
     async def _generate(self, head: str, ids: list[int], n: int, score: bool = False,
-                        positions: int = 0) -> list[int]:
+                        positions: int = 0, backend: Backend | None = None) -> list[int]:
+        # The local engine has no stop ids here, so it decodes n tokens; another backend may
+        # stop at the model's EOS unless held to n by min_tokens.
         req = GenerationRequest(f"replay-{time.perf_counter_ns()}", head, tuple(ids), n,
                                 RowParams(temperature=0.0), frozenset(),
-                                score_prompt=score, score_positions=positions)
-        return [e.token_id async for e in self.engine.generate(req)]
+                                score_prompt=score, score_positions=positions,
+                                rules=LogitRules(min_tokens=n) if backend else NO_LOGIT_RULES)
+        events = (backend or self.engine).generate(req)
+        return [e.token_id async for e in events]
 
     def texts(self, r: SimRequest, index: int) -> tuple[str, str]:
         return for_language(r.lang).pair(r.prompt_bytes, r.output_bytes, index)
 
     async def run(self, trace: Sequence[SimRequest], policy_doc: Mapping[str, Any], label: str,
-                  regime_of: Callable[[float], str], concurrency: int | None = None
-                  ) -> ReplayResult:
-        """`concurrency`: closed loop with that many clients; None: the trace's arrivals."""
+                  regime_of: Callable[[float], str], concurrency: int | None = None,
+                  backend: Backend | None = None) -> ReplayResult:
+        """`concurrency`: closed loop with that many clients; None: the trace's arrivals.
+        `backend`: serve on it instead of the local engine (the policy must pick a head it
+        serves)."""
         profiles = list(self.profiles.values())
         timer = self.new_timer()
         state = LiveState.for_profiles(profiles, self.cfg.batch_window_s)
@@ -183,7 +196,7 @@ class Replayer:
                 drain()
 
         async def serve(r: SimRequest, index: int, sent: float) -> Served:
-            loads = self.engine.head_load()
+            loads = (backend or self.engine).head_load()
             state.set_loads({h: (x.running, x.waiting) for h, x in loads.items()})
             prompt, continuation = self.texts(r, index)
             enc = self.encoder.encode([prompt], chat=False)
@@ -198,9 +211,10 @@ class Replayer:
             n = min(r.max_tokens, max(1, n))
             # The same requests are scored under every label (seeded by position).
             scored, positions = self.cfg.prompt_bpb.request(None, random.Random(index))
-            scored = scored and self.ckpt.manifest.head(d.head).reads is None  # as the gateway
+            scored = (scored and backend is None  # stock serving scores nothing
+                      and self.ckpt.manifest.head(d.head).reads is None)  # as the gateway
             out_ids = await self._generate(d.head, list(enc.heads[d.head].ids[0]), n,
-                                           scored, positions)
+                                           scored, positions, backend)
             text = len(self.ckpt.tokenizers[d.head].decode(out_ids).encode())
             spans.append((sent, clock()))
             latency = clock() - sent
