@@ -92,7 +92,7 @@ def native_export(model_dir: Path, manifest: Manifest, cache_dir: Path) -> Path:
     the cache on first use: the model an operator serves without polyhead."""
     from heads.vllm_plugin.export import export_vllm_per_head
 
-    native = max(manifest.heads, key=lambda h: h.vocab_size)
+    native = manifest.native
     out = cache_dir / "exports" / f"{model_dir.name}-per-head"
     if not (out / native.name / "config.json").is_file():
         export_vllm_per_head(model_dir, out)
@@ -119,7 +119,7 @@ def served_bpb(manifest: Manifest, shares: dict[str, float]) -> float | None:
 
 
 def verdicts(cells: list[Cell], manifest: Manifest) -> list[str]:
-    native = max(manifest.heads, key=lambda h: h.vocab_size)
+    native = manifest.native
     lines = []
     for p in cells:
         if p.server != "polyhead":

@@ -119,7 +119,7 @@ def _run(args: argparse.Namespace) -> None:
               f"{err['prompt only']:.3f}")
     print(f"\ntargets (measured; median of {args.rounds} interleaved round(s)):")
     if languages:
-        largest = "static:" + max(ckpt.manifest.heads, key=lambda h: h.vocab_size).name
+        largest = "static:" + ckpt.manifest.native.name
         blind = next((p for p in policies if p.endswith(":blind")), "")
         checks = language_targets(rows, aware, blind, largest, args.trace == "english")
     else:
@@ -154,7 +154,7 @@ def _run_levels(args: argparse.Namespace, ckpt, policies: list[str], languages: 
     statics = heads if args.statics is None else [s.strip() for s in args.statics.split(",")]
     if not set(statics) <= set(heads):
         raise CliError(f"--statics: heads are {', '.join(heads)}")
-    largest = max(ckpt.manifest.heads, key=lambda h: h.vocab_size).name
+    largest = ckpt.manifest.native.name
     if largest not in statics:
         statics.append(largest)  # the BPB bounds are relative to it
     duration, trace = args.duration, list[SimRequest]()

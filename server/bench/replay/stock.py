@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 async def stock_vllm(model_dir: Path, manifest: Manifest, cache_dir: Path,
                      log_path: Path) -> AsyncIterator[VllmBackend]:
     """Started, warmed (a first request pays vLLM's lazy set-up, not a run) and stopped."""
-    native = max(manifest.heads, key=lambda h: h.vocab_size)
+    native = manifest.native
     directory = native_export(model_dir, manifest, cache_dir)
     log.info("starting stock vLLM on %s (log %s); about two minutes", directory, log_path)
     with stock_server(directory, free_port(), log_path) as url:
