@@ -6,7 +6,13 @@ import torch
 import torch.nn.functional as F
 
 from heads.vllm_plugin.layout import HeadRange, VocabLayout
-from heads.vllm_plugin.nested_logits import BlockRows, NestedLogits, block_cuts, head_groups
+from heads.vllm_plugin.nested_logits import (
+    REUSED_ROWS,
+    BlockRows,
+    NestedLogits,
+    block_cuts,
+    head_groups,
+)
 
 D = 24
 TOL = dict(rtol=1e-4, atol=1e-4)  # batched vs row-by-row matmuls round differently
@@ -98,6 +104,31 @@ def test_mixed_batches_equal_the_reference_and_read_each_block_once() -> None:
     ref.gemm_rows.clear()
     torch.testing.assert_close(nested(h[:4], mix), ref.expected(h[:4], mix), **TOL)
     assert ref.gemm_rows == [37, 64, 149]
+
+
+def test_steps_that_reuse_the_logits_buffer_leave_nothing_of_the_last_step() -> None:
+    """Decode-sized calls write into one kept buffer: a step after a wider, mixed or
+    other-head step still equals the reference everywhere (no stale logits, every -inf
+    rewritten); a call past REUSED_ROWS gets its own tensor."""
+    ref = _Ref(_layout())
+    nested = ref.nested()
+    g = torch.Generator().manual_seed(4)
+    steps = [torch.tensor([2, 0, 4, 1, 2, 3, 0, 2, 4, 1, 3]), torch.full((5,), 0),
+             torch.tensor([3, 1, 1]), torch.full((9,), 2), torch.tensor([4, 0]),
+             torch.full((11,), 4)]
+    first = None
+    for head in steps:
+        h = torch.randn(head.shape[0], D, generator=g)
+        out = nested(h, head)
+        torch.testing.assert_close(out, ref.expected(h, head), **TOL)
+        first = first if first is not None else out.data_ptr()
+        assert out.data_ptr() == first  # the same storage, rewritten
+        out[:, :3] = 7.0  # a sampler may write into its logits in place
+    n = REUSED_ROWS + 1
+    h, head = torch.randn(n, D, generator=g), torch.full((n,), 1)
+    big = nested(h, head)
+    torch.testing.assert_close(big, ref.expected(h, head), **TOL)
+    assert big.data_ptr() != first
 
 
 def test_empty_batch() -> None:
