@@ -4,8 +4,10 @@ For each (V, d, dtype, mode), time the streaming path and the split path at b = 
 b_max (median over repeats, rotating weight copies past the LLC) and record b*. The sweep of
 one shape stops early once split has won `stop_after` sizes in a row past b = 16 (compute-bound
 from there on). Split "wins" only by more than MARGIN: a tie within timing noise keeps the
-streaming path, which is exact and allocates nothing. Efficiencies (fractions of the datasheet
-roofline reached) are fitted over all points.
+streaming path, which is exact and allocates nothing. On a CPU both paths read the rows from
+oneDNN's packed blocks, as the engine does, and the roofline is this machine's, measured first
+(kernels.machine: bandwidth and the packed GEMM peak) and stored in the calibration.
+Efficiencies (fractions of that roofline reached) are fitted over all points.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from functools import partial
 
 import torch
 
-from kernels import chunked, split
+from kernels import chunked, machine, split
 from kernels.crossover_calibration import CrossoverCalibration, crossover_from_sweep, entry_key
 from kernels.devices import DeviceSpec
 from kernels.dispatch import dtype_name
+from kernels.packed_rows import PackedRows, RowPacker, packing_supported
 from kernels.roofline import DTYPE_BYTES
 from kernels.sampling_params import SampleOutput, SamplingBatch
 from kernels.selector import stream_kernel
@@ -50,8 +53,18 @@ def _stream_fn(device: DeviceSpec) -> Callable[..., SampleOutput]:
 
 
 def _call(fn: Callable[..., SampleOutput], hidden: torch.Tensor, batch: SamplingBatch,
-          weight: torch.Tensor) -> SampleOutput:
-    return fn(hidden, weight, batch)
+          packed: dict[int, PackedRows], weight: torch.Tensor) -> SampleOutput:
+    rows = packed.get(weight.data_ptr())
+    return fn(hidden, weight, batch) if rows is None else fn(hidden, weight, batch, packed=rows)
+
+
+def _packed(weights: list[torch.Tensor]) -> dict[int, PackedRows]:
+    """Each weight copy in oneDNN blocks, where the CPU engine packs them (the kernels it runs
+    read those); empty on a GPU or where the dtype has no packed path."""
+    if not packing_supported(weights[0]):
+        return {}
+    packer = RowPacker()
+    return {w.data_ptr(): packer.pack(w) for w in weights}
 
 
 def calibrate(
@@ -63,12 +76,17 @@ def calibrate(
         "threads": torch.get_num_threads(), "repeats": repeats,
         "stream_kernel": stream_kernel(device), "heads": {s.name: s.vocab for s in shapes},
     })
+    if device.is_cpu:  # this machine's bandwidth and GEMM peak, in the first dtype swept
+        measured = machine.measure(dtypes[0])
+        cal.meta["roofline"] = measured.to_json()
+        device = cal.roofline(device)
     stream = _stream_fn(device)
     bs_all = [1 << i for i in range(int(math.log2(b_max)) + 1)]
     eff = {"bw": 0.0, "split_flops": 0.0, "stream_flops": 0.0}
     for shape in shapes:
         for dtype in dtypes:
             weights = weight_copies(shape.vocab, shape.d, dtype, torch_device)
+            packed = _packed(weights)
             w_bytes = shape.vocab * shape.d * DTYPE_BYTES[dtype_name(dtype)]
             for mode in modes:
                 bs, t_stream, t_split = [], [], []
@@ -76,8 +94,8 @@ def calibrate(
                 for b in bs_all:
                     h = hidden_states(b, shape.d, dtype, torch_device)
                     batch = mode_batch(mode, b)
-                    ts = median_time(partial(_call, stream, h, batch), weights, repeats)
-                    tp = median_time(partial(_call, split.unembed_and_sample, h, batch),
+                    ts = median_time(partial(_call, stream, h, batch, packed), weights, repeats)
+                    tp = median_time(partial(_call, split.unembed_and_sample, h, batch, packed),
                                      weights, repeats)
                     bs.append(b)
                     t_stream.append(ts)

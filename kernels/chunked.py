@@ -15,7 +15,7 @@ import torch
 from kernels import reference, rng
 from kernels.errors import ShapeMismatch
 from kernels.packed_rows import BlockReader, PackedRows
-from kernels.row_groups import bias_columns
+from kernels.row_groups import bias_at, bias_columns, row_bias
 from kernels.sampling_params import SampleOutput, SamplingBatch
 from kernels.streaming import Partials, StreamSpec, finish, pack_keys, stream_spec
 
@@ -38,23 +38,24 @@ def unembed_and_sample(
     packed: PackedRows | None = None,
 ) -> SampleOutput:
     """Same call and result as kernels.reference.unembed_and_sample. `packed`: the same rows
-    in oneDNN blocks (kernels.packed_rows), which the chunk logits then come from."""
+    in oneDNN blocks (kernels.packed_rows), which the chunk logits then come from. `bias`:
+    [V], or per row [b, Vb] with Vb <= V, zero past Vb (kernels.row_groups.row_bias)."""
     _check(hidden, weight, batch)
     vocab = weight.shape[0]
     spec = stream_spec(batch, vocab)
     h32 = hidden.to(torch.float32)  # [b, d]
-    bias2 = None if bias is None else bias.to(torch.float32).expand(hidden.shape[0], vocab)
+    bias2 = row_bias(bias, hidden.shape[0], vocab)  # [b, Vb] or None
     p = chunk_partials(h32, weight, batch, spec, bias2, chunk or default_chunk(hidden.shape[0]),
                        packed)
 
     def logit_at(tokens: torch.Tensor) -> torch.Tensor:
         out = (h32 * weight[tokens].to(torch.float32)).sum(dim=1)
-        return out if bias2 is None else out + bias2.gather(1, tokens[:, None]).squeeze(1)
+        return out if bias2 is None else out + bias_at(bias2, tokens)
 
     def fallback(rows: torch.Tensor) -> SampleOutput:
         sub = _rows(batch, rows)
         return reference.unembed_and_sample(
-            hidden[rows], weight, sub, None if bias2 is None else bias2[rows])
+            hidden[rows], weight, sub, None if bias2 is None else bias_columns(bias2[rows], vocab))
 
     return finish(p, spec, batch, vocab, logit_at, fallback)
 

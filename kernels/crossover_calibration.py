@@ -2,11 +2,13 @@
 
 Pure Python. One file per device: $POLYHEAD_CACHE_DIR/calibration/<device>.json
 (default ~/.cache/polyhead/calibration/). Written by `polyhead kernels calibrate`
-(kernels/calibrate.py), read by the selector.
+(kernels/calibrate.py), read by the selector; it also carries the machine's measured roofline
+(bandwidth, GEMM peak), which replaces the guessed one wherever a calibration is loaded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernels.cache_paths import calibration_dir
+from kernels.devices import DeviceSpec
 from kernels.errors import CalibrationError
 from kernels.roofline import Efficiency
 
@@ -76,6 +79,15 @@ class CrossoverCalibration:
             return float(ts[i])
         f = (b - bs[i - 1]) / (bs[i] - bs[i - 1])
         return float(ts[i - 1] + f * (ts[i] - ts[i - 1]))
+
+    def roofline(self, spec: DeviceSpec) -> DeviceSpec:
+        """`spec` with this machine's measured bandwidth and GEMM peak where the calibration
+        measured them (kernels.machine), else `spec` as given."""
+        measured = self.meta.get("roofline")
+        if not isinstance(measured, dict):
+            return spec
+        return dataclasses.replace(spec, peak_flops=float(measured["peak_flops"]),
+                                   mem_bw=float(measured["mem_bw"]))
 
     def fitted(self) -> Efficiency | None:
         e = self.efficiency

@@ -110,7 +110,7 @@ def detect_cpu(cpuinfo: Path = Path("/proc/cpuinfo"), cores: int | None = None) 
 
     Treats every logical CPU from os.cpu_count() as a core (SMT overcounts compute) and the
     reported current clock as sustained. Good enough to place the ridge point; calibration
-    replaces it.
+    measures both (kernels.machine) and replaces it (CrossoverCalibration.roofline).
     """
     text = cpuinfo.read_text() if cpuinfo.exists() else ""
     flags: set[str] = set()

@@ -81,14 +81,14 @@ def segment_logits(h: torch.Tensor, weight: torch.Tensor, row_vocab: list[int],
     b, vmax = h.shape[0], row_vocab[0]
     out = torch.empty(b, vmax, dtype=torch.float32, device=h.device)
     if packed is not None:
-        h32 = h.to(torch.float32)
+        hp = h.to(packed.dtype)  # [B, d] in the rows' dtype, cast once
         for j, size in enumerate(packed.sizes):
             lo = j * packed.block_rows
             n = sum(v > lo for v in row_vocab)
             if n == 0 or lo >= vmax:
                 break
             hi = min(lo + size, vmax)
-            out[:n, lo:hi] = packed.block_logits(h32[:n], j)[:, :hi - lo]
+            out[:n, lo:hi] = packed.block_logits(hp[:n], j)[:, :hi - lo]
         return out
     lo = 0
     for v in sorted(set(row_vocab)):

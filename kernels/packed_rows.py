@@ -6,6 +6,11 @@ PyTorch's dense `h @ W.T` is slow for decode's skinny shapes: on one core here, 
 each head's rows in blocks of `BLOCK_ROWS`, and the chunked and split kernels read logits
 block by block from them.
 
+Rows pack in their own dtype: fp32, or bf16 where oneDNN has a bf16 GEMM (AVX512-BF16 or
+AMX), which halves the bytes a memory-bound step reads. oneDNN accumulates in fp32 either way;
+a bf16 product's output is rounded to bf16 (as stock vLLM's bf16 LM head is) and then widened,
+so callers always get fp32 logits.
+
 Nested heads are prefixes of one shared matrix, so blocks are keyed by where their rows live
 (`RowPacker`): the 32k head's two blocks are the 262k head's first two, and the packed copy
 costs one extra copy of the largest head's rows. Results agree with `h @ W.T` to fp32 rounding.
@@ -27,34 +32,41 @@ _HINT = 16  # oneDNN's batch-size hint for the blocked layout (see heads.engine.
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype == torch.float32
-            and torch.backends.mkldnn.is_available())
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return weight.dtype == torch.float32
 
 
 class PackedRows:
-    """Rows [V, d] fp32 as blocks of up to BLOCK_ROWS rows, each in oneDNN's layout."""
+    """Rows [V, d] (fp32 or bf16) as blocks of up to BLOCK_ROWS rows in oneDNN's layout."""
 
     def __init__(self, blocks: list[torch.Tensor], sizes: list[int], d: int,
-                 block_rows: int = BLOCK_ROWS) -> None:
+                 block_rows: int = BLOCK_ROWS, dtype: torch.dtype = torch.float32) -> None:
         self.blocks = blocks
         self.sizes = sizes  # rows per block; all block_rows but the last
         self.block_rows = block_rows
         self.vocab = sum(sizes)
         self.d = d
+        self.dtype = dtype  # the rows' dtype: a product's inputs are cast to it
 
-    def block_logits(self, h32: torch.Tensor, j: int) -> torch.Tensor:
-        # h32: [b, d] fp32 -> [b, sizes[j]] fp32, rows j * block_rows onwards
-        return torch.ops.mkldnn._linear_pointwise(h32, self.blocks[j], None, "none", [], "")
+    def block_logits(self, h: torch.Tensor, j: int) -> torch.Tensor:
+        # h: [b, d] any float dtype -> [b, sizes[j]] fp32, rows j * block_rows onwards
+        out = torch.ops.mkldnn._linear_pointwise(h.to(self.dtype), self.blocks[j], None, "none",
+                                                 [], "")
+        return out.float()
 
-    def logits(self, h32: torch.Tensor) -> torch.Tensor:
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
         # [b, d] -> [b, V] fp32
-        self.check(h32)
-        return torch.cat([self.block_logits(h32, j) for j in range(len(self.blocks))], dim=1)
+        self.check(h)
+        h = h.to(self.dtype)
+        return torch.cat([self.block_logits(h, j) for j in range(len(self.blocks))], dim=1)
 
-    def check(self, h32: torch.Tensor) -> None:
-        if h32.dim() != 2 or h32.shape[1] != self.d or h32.dtype != torch.float32:
-            raise ShapeMismatch(f"packed rows take [b, {self.d}] fp32, got "
-                                f"{tuple(h32.shape)} {h32.dtype}")
+    def check(self, h: torch.Tensor) -> None:
+        if h.dim() != 2 or h.shape[1] != self.d or not h.dtype.is_floating_point:
+            raise ShapeMismatch(f"packed rows take [b, {self.d}] floats, got "
+                                f"{tuple(h.shape)} {h.dtype}")
 
 
 class RowPacker:
@@ -62,10 +74,12 @@ class RowPacker:
 
     def __init__(self, block_rows: int = BLOCK_ROWS) -> None:
         self.block_rows = block_rows
-        self._blocks: dict[tuple[int, int, int], torch.Tensor] = {}
+        self._blocks: dict[tuple[int, int, int], torch.Tensor] = {}  # (address, rows, d) ->
+        self._bytes = 0
 
     def pack(self, weight: torch.Tensor) -> PackedRows:
-        # weight: [V, d] fp32 on the CPU, row-contiguous (a prefix view of a shared matrix is)
+        # weight: [V, d] fp32 or bf16 on the CPU, row-contiguous (a prefix view of a shared
+        # matrix is)
         if not packing_supported(weight) or weight.dim() != 2 or weight.stride(1) != 1:
             raise ShapeMismatch(f"cannot pack {weight.dtype} {tuple(weight.shape)} rows")
         blocks, sizes = [], []
@@ -75,14 +89,15 @@ class RowPacker:
             if key not in self._blocks:
                 self._blocks[key] = torch.ops.mkldnn._reorder_linear_weight(
                     rows.detach().contiguous(), _HINT)
+                self._bytes += rows.nbytes
             blocks.append(self._blocks[key])
             sizes.append(rows.shape[0])
-        return PackedRows(blocks, sizes, weight.shape[1], self.block_rows)
+        return PackedRows(blocks, sizes, weight.shape[1], self.block_rows, weight.dtype)
 
     @property
     def nbytes(self) -> int:
         """Bytes of packed copies made so far."""
-        return sum(k[1] * k[2] * 4 for k in self._blocks)
+        return self._bytes
 
 
 class RowCover(Protocol):
@@ -98,14 +113,15 @@ class BlockReader:
     `cover`: a nested pass (rows sorted by their head's V, descending) multiplies block j by
     the rows that see its first column only; a range then has cover.rows(lo) rows."""
 
-    def __init__(self, packed: PackedRows, h32: torch.Tensor,
+    def __init__(self, packed: PackedRows, h: torch.Tensor,
                  cover: RowCover | None = None) -> None:
-        packed.check(h32)
-        self.packed, self.h32, self.cover = packed, h32, cover
-        self._j, self._block = -1, h32.new_empty(0)
+        packed.check(h)
+        # h in the rows' dtype, cast once for every block
+        self.packed, self.h, self.cover = packed, h.to(packed.dtype), cover
+        self._j, self._block = -1, h.new_empty(0, dtype=torch.float32)
 
     def _rows(self, col: int) -> int:
-        return self.h32.shape[0] if self.cover is None else self.cover.rows(col)
+        return self.h.shape[0] if self.cover is None else self.cover.rows(col)
 
     def __call__(self, lo: int, hi: int) -> torch.Tensor:
         # -> [rows(lo), hi - lo] fp32 (a view of the block when the range lies inside one)
@@ -121,6 +137,6 @@ class BlockReader:
             return torch.cat((head, tail), dim=1)
         if j != self._j:
             rows = self._rows(j * n)
-            self._j, self._block = j, self.packed.block_logits(self.h32[:rows], j)
+            self._j, self._block = j, self.packed.block_logits(self.h[:rows], j)
         base = j * n
         return self._block[:self._rows(lo), lo - base:hi - base]

@@ -8,9 +8,25 @@ import logging
 import torch
 
 from kernels import reference
+from kernels.errors import ShapeMismatch
 from kernels.sampling_params import SampleOutput, SamplingBatch
 
 log = logging.getLogger(__name__)
+
+
+def row_bias(bias: torch.Tensor | None, b: int, vocab: int) -> torch.Tensor | None:
+    """A kernel's `bias` argument as [b, Vb] fp32 (zero past Vb): a head's [V] bias broadcast
+    to every row, or per-row [b, Vb] as given. Per-row biases are how a few ids' logit rules
+    (min_tokens' masked stop ids, logit_bias, bad words) reach the streaming kernels without
+    a row of logits: their Vb ends at the highest id they touch."""
+    if bias is None:
+        return None
+    if bias.dim() == 1:
+        return bias.to(torch.float32).expand(b, vocab)
+    if bias.dim() != 2 or bias.shape[0] != b or not 1 <= bias.shape[1] <= vocab:
+        raise ShapeMismatch(f"bias must be [{vocab}] or [{b}, <= {vocab}], got "
+                            f"{tuple(bias.shape)}")
+    return bias.to(torch.float32)
 
 
 def bias_columns(bias: torch.Tensor, v: int) -> torch.Tensor:

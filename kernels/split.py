@@ -12,6 +12,7 @@ import torch
 
 from kernels import reference
 from kernels.packed_rows import PackedRows
+from kernels.row_groups import row_bias
 from kernels.sampling_params import SampleOutput, SamplingBatch
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ def logits_fp32(hidden: torch.Tensor, weight: torch.Tensor,
     """hidden [b, d] @ weight [V, d]^T -> [b, V] fp32 with fp32 accumulation; from `packed`
     (the same rows in oneDNN blocks) when given."""
     if packed is not None:
-        return packed.logits(hidden.to(torch.float32))
+        return packed.logits(hidden)
     if hidden.is_cuda and hidden.dtype == weight.dtype == torch.bfloat16:
         # bf16 tensor-core GEMM, fp32 out: no fp32 copy of W and no bf16 rounding of logits.
         return torch.mm(hidden, weight.T, out_dtype=torch.float32)
@@ -33,10 +34,12 @@ def unembed_and_sample(
     hidden: torch.Tensor, weight: torch.Tensor, batch: SamplingBatch,
     bias: torch.Tensor | None = None, packed: PackedRows | None = None,
 ) -> SampleOutput:
-    """Same call and result as kernels.reference.unembed_and_sample."""
-    logits = logits_fp32(hidden, weight, packed)  # [b, V]
-    if bias is not None:
-        logits = logits + bias.to(logits.device, torch.float32)
+    """Same call and result as kernels.reference.unembed_and_sample; `bias` [V] or per row
+    [b, Vb] with Vb <= V (kernels.row_groups.row_bias)."""
+    logits = logits_fp32(hidden, weight, packed)  # [b, V], this call's own buffer
+    bias2 = row_bias(bias, hidden.shape[0], weight.shape[0])
+    if bias2 is not None:
+        logits[:, :bias2.shape[1]] += bias2.to(logits.device)
     if logits.is_cuda:
         from kernels.triton_fused import sample_logits  # triton: GPU-only dependency here
 

@@ -159,7 +159,8 @@ def _sample_candidates(
 
 
 def near_tie_tolerance(
-    hidden: torch.Tensor, weight: torch.Tensor, temperature: torch.Tensor
+    hidden: torch.Tensor, weight: torch.Tensor, temperature: torch.Tensor,
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Per row [b]: the score gap below which two correct paths may pick different tokens.
 
@@ -168,11 +169,16 @@ def near_tie_tolerance(
     (Higham, Accuracy and Stability of Numerical Algorithms, §3.1). Two paths, two tokens:
     their score difference can move by 4·γ_d·‖h‖·max‖w‖ / T (T = 1 for greedy rows). Tokens
     whose exact scores lie closer than this are a near-tie; any other disagreement is a bug.
+
+    `out_dtype` bf16: a path whose product rounds each logit to bf16 once (oneDNN's packed bf16
+    rows) moves it by up to 2^-8·|ℓ| ≤ 2^-8·‖h‖·max‖w‖ more (bf16 keeps 8 significant bits),
+    so a pair by twice that.
     """
     d = hidden.shape[1]
     u = d * 2.0**-24
     gamma = u / (1 - u)
+    rounding = 2 * 2.0**-8 if out_dtype == torch.bfloat16 else 0.0
     h = hidden.to(torch.float64).norm(dim=1)  # [b]
     w = weight.to(torch.float64).norm(dim=1).max()
     t = temperature.to(torch.float64)
-    return 4 * gamma * h * w / torch.where(t > 0, t, torch.ones_like(t))
+    return (4 * gamma + rounding) * h * w / torch.where(t > 0, t, torch.ones_like(t))

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from kernels import reference, rng
 from kernels.errors import ShapeMismatch
-from kernels.row_groups import reference_per_head
+from kernels.row_groups import bias_columns, reference_per_head, row_bias
 from kernels.sampling_params import SampleOutput, SamplingBatch
 from kernels.streaming import Partials, StreamSpec, finish, stream_spec
 
@@ -247,9 +247,9 @@ def sample_logits(
 
 
 def _bias(bias: torch.Tensor | None, b: int, vocab: int, dev: torch.device) -> torch.Tensor | None:
-    if bias is None:
-        return None
-    return bias.to(dev, torch.float32).expand(b, vocab).contiguous()
+    # [V] or [b, Vb] -> [b, V] fp32: the kernel's epilogue reads a full-width bias row
+    rows = row_bias(bias, b, vocab)
+    return None if rows is None else bias_columns(rows.to(dev), vocab).contiguous()
 
 
 def _rows(batch: SamplingBatch, rows: torch.Tensor) -> SamplingBatch:

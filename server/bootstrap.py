@@ -24,6 +24,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from heads.checkpoint import load_metadata
 from heads.engine.config import EngineConfig
+from heads.engine.cpu_linear import auto_compute_dtype
 from heads.errors import CheckpointError
 from heads.manifest import HeadSpec, Manifest
 from heads.model.weights import load_checkpoint
@@ -82,8 +83,9 @@ log = logging.getLogger(__name__)
 # --- the model: router inputs and engine settings ---------------------------------------------
 
 def compute_dtype(settings: Settings) -> str:
-    # The local engine runs on CPU, where float32 beats bf16 (no native bf16 GEMM).
-    return "float32" if settings.compute_dtype == "auto" else settings.compute_dtype
+    # auto: bf16 where the engine's device has a native bf16 GEMM (as vLLM's CPU backend
+    # picks for Gemma-3), fp32 elsewhere.
+    return auto_compute_dtype() if settings.compute_dtype == "auto" else settings.compute_dtype
 
 
 def head_profiles(manifest: Manifest, dtype: str | None = None,
@@ -137,8 +139,11 @@ def build_router(manifest: Manifest, settings: Settings) -> tuple[Router, LiveSt
                              nested_pass=settings.backend == "local")
     state = LiveState.for_profiles(profiles, settings.batch_window_s, settings.prompt_bpb_alpha)
     device = device_spec(settings.device)
-    # The engine's kernel crossovers on this device, so the cost model prices the same kernel.
+    # The engine's kernel crossovers on this device, so the cost model prices the same kernel,
+    # and the machine's measured roofline where it was calibrated.
     kernel_cal = load_calibration(device.name, calibration_dir(settings.cache_dir))
+    if kernel_cal is not None:
+        device = kernel_cal.roofline(device)
     # Calibrated: engine step times (fed by the gateway) replace the analytic midpoint.
     timer: StepTimer = AnalyticTimer(device, kernel_cal)
     if settings.calibrate and settings.calibration_file is not None:  # offline samples
@@ -156,7 +161,7 @@ def engine_config(settings: Settings, manifest: Manifest) -> EngineConfig:
         kv_cache_bytes=settings.kv_cache_mb << 20,
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_model_len=manifest.backbone.max_position_embeddings,
+        max_model_len=settings.max_model_len,  # None: the backbone's context
         enable_prefix_caching=settings.prefix_caching,
     )
 
@@ -299,7 +304,8 @@ async def _build(app: FastAPI, settings: Settings, ops: AsyncExitStack) -> Gatew
     app.state.drain_sync = routing.drains
     gate = admission_gate(router, backend, settings)  # sized from the started engine's KV
     tracing, prompt_bpb = app.state.tracing, PromptBpbConfig.from_settings(settings)
-    limits = Limits.from_settings(settings, econf.model_len(manifest.backbone))
+    limits = Limits.from_settings(settings,
+                                  backend.max_model_len() or econf.model_len(manifest.backbone))
     planner = RequestPlanner(manifest, tokenizers, router, metrics, limits, tracing, prompt_bpb,
                              gate.admission.observe_request if gate is not None else None,
                              backend.grammar_compiler(), settings.chat_format)

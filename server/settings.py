@@ -23,7 +23,7 @@ class Settings(BaseSettings):
     # "tiny" builds the random-weight test model into the cache on first run; otherwise a directory.
     # A built-in ("gemma3-270m", the default, or "tiny") is built into the cache on first run.
     model: str = "gemma3-270m"
-    # "auto": float32 on CPU, where bf16 GEMMs are slow and would need a per-step upcast.
+    # "auto": bfloat16 where the CPU has a bf16 GEMM (AVX512-BF16 or AMX), else float32.
     compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     cache_dir: Path = Field(default_factory=default_cache_root)
     host: str = "127.0.0.1"
@@ -83,7 +83,9 @@ class Settings(BaseSettings):
     chat_format: Literal["auto", "model", "qa", "gemma", "plain"] = "auto"
 
     max_body_bytes: int = Field(default=1 << 20, gt=0)
-    max_tokens_limit: int = Field(default=2048, gt=0)  # cap on a request's max_tokens
+    # Prompt + output tokens of one request (vLLM's --max-model-len); None: the backbone's
+    # context, lowered to what the KV cache holds of one sequence. /v1/models serves it.
+    max_model_len: int | None = Field(default=None, gt=1)
     default_max_tokens: int = Field(default=256, gt=0)
     max_stop_sequences: int = Field(default=4, ge=0)
     max_n: int = Field(default=8, gt=0)  # choices per request

@@ -21,6 +21,7 @@ import torch
 
 from heads.bench.engine_report import MIXED, PLUGIN, READING, STOCK, BenchRow
 from heads.engine.config import EngineConfig
+from heads.engine.cpu_linear import auto_compute_dtype
 from heads.engine.grouped_reading import GroupedReading
 from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest, StepTiming
@@ -144,12 +145,15 @@ def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
           engines: list[str], repeats: int = 1, heads: list[str] | None = None,
           dtype: str | None = None, timings: list[StepTiming] | None = None,
           grouped: list[str] | None = None) -> list[BenchRow]:
-    """`dtype` overrides the checkpoint's dtype for every engine alike (None keeps it).
+    """`dtype` overrides the checkpoint's dtype for every engine alike (None keeps it);
+    "auto" lets each engine pick its own default, as `serve` and stock vLLM do.
     `timings`, when given, receives the local engine's measured decode steps. `grouped`:
     split heads whose two-level readings the local engine also runs, in turns with the
     native head (`_bench_readings`)."""
     torch.set_num_threads(threads)
-    ckpt = load_checkpoint(model_dir, compute_dtype=dtype)
+    ckpt = load_checkpoint(model_dir, compute_dtype=auto_compute_dtype() if dtype == "auto"
+                           else dtype)
+    vllm_dtype = None if dtype == "auto" else dtype  # None: vLLM's own "auto"
     rows: list[BenchRow] = []
     vllm: dict[str, Any] = {}
     wanted = [e for e in (PLUGIN, STOCK) if e in engines]
@@ -162,7 +166,8 @@ def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
 
         longest = max(len(t.encode(PROMPT)) for t in ckpt.tokenizers.values()) + 1
         kinds = {PLUGIN: VllmBench, STOCK: StockVllmBench}
-        vllm = {e: kinds[e](model_dir, dtype, max(batches), longest + new_tokens) for e in wanted}
+        vllm = {e: kinds[e](model_dir, vllm_dtype, max(batches), longest + new_tokens)
+                for e in wanted}
     try:
         _bench_heads(ckpt, batches, new_tokens, threads, engines, repeats, heads, timings,
                      vllm, rows)
@@ -171,9 +176,11 @@ def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
         if PLUGIN in vllm:
             _bench_mixed(ckpt, batches, new_tokens, threads, repeats, heads, vllm[PLUGIN], rows)
     finally:
+        ran = {e: v.dtype() for e, v in vllm.items()}
         for v in vllm.values():
             v.close()
-    return rows
+    ran[MIXED] = ran.get(PLUGIN, "")
+    return [dataclasses.replace(r, dtype=ran.get(r.engine, ckpt.model.dtype_name)) for r in rows]
 
 
 def _prompt(ckpt: Checkpoint, h: HeadSpec) -> list[int]:

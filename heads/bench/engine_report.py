@@ -32,6 +32,7 @@ class BenchRow:
     note: str = ""
     # A mixed row's largest head alone, on the same prompt and in turns with the mix.
     alone_ms_per_step: float | None = None
+    dtype: str = ""  # the compute dtype this engine ran (vLLM: what its `dtype` resolved to)
 
 
 def _cell(rows: list[BenchRow], engine: str, head: str, batch: int) -> BenchRow | None:
@@ -70,11 +71,12 @@ def table(rows: list[BenchRow]) -> str:
     def fmt(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}x"
 
-    lines = [f"{'engine':<14}{'head':<17}{'V':>8}{'B':>5}{'thr':>4}{'ms/step':>10}"
+    lines = [f"{'engine':<14}{'head':<17}{'V':>8}{'B':>5}{'thr':>4}{'dtype':>10}{'ms/step':>10}"
              f"{'tok/s':>10}{'vs ' + BASELINE:>17}{'vs vllm':>9}{'vs stock':>10}  note"]
     for r in rows:
         lines.append(f"{r.engine:<14}{r.head:<17}{r.vocab_size:>8}{r.batch:>5}{r.threads:>4}"
-                     f"{r.ms_per_step:>10.1f}{r.decode_tok_s:>10.1f}{fmt(ratio(rows, r)):>17}"
+                     f"{r.dtype:>10}{r.ms_per_step:>10.1f}{r.decode_tok_s:>10.1f}"
+                     f"{fmt(ratio(rows, r)):>17}"
                      f"{fmt(ratio(rows, r, PLUGIN)):>9}{fmt(ratio(rows, r, STOCK)):>10}"
                      f"  {r.note}")
     return "\n".join(lines)

@@ -60,6 +60,11 @@ def timed_runner(llm: Any, offsets: list[int]) -> Run:
     return run
 
 
+def llm_dtype(llm: Any) -> str:
+    """The dtype vLLM resolved `dtype` to (its log line `dtype=torch.bfloat16`)."""
+    return str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
+
+
 def stop_llm(llm: Any) -> None:
     # Stop the engine-core process now, while logging still works; left to the
     # interpreter's exit hooks it logs into closed streams.
@@ -79,6 +84,9 @@ class VllmBench:
 
     def runner(self, head: str) -> Run:
         return timed_runner(self.llm, [self.layout.head(head).offset])
+
+    def dtype(self) -> str:
+        return llm_dtype(self.llm)
 
     def mixed_runner(self, heads: list[str]) -> Run:
         """Alternate the batch's requests over `heads` (each gets the same local IDs, so they
@@ -100,11 +108,16 @@ class StockVllmBench:
         self.dirs = export_vllm_per_head(model_dir, Path(self._tmp.name))
         self._settings = (dtype, max_batch, max_len)
         self.llm: Any = None
+        self._dtype = ""  # what the last engine ran
+
+    def dtype(self) -> str:
+        return self._dtype
 
     def runner(self, head: str) -> Run:
         if self.llm is not None:
             stop_llm(self.llm)
         self.llm = start_llm(self.dirs[head], *self._settings)
+        self._dtype = llm_dtype(self.llm)
         return timed_runner(self.llm, [0])
 
     def close(self) -> None:

@@ -29,6 +29,17 @@ log = logging.getLogger(__name__)
 PACK_HINT = 16
 
 
+def auto_compute_dtype(device: str = "cpu") -> str:
+    """What `compute_dtype: auto` runs: bf16 where the device multiplies it natively (a CPU
+    whose oneDNN has a bf16 GEMM: AVX512-BF16 or AMX; a CUDA device with bf16), else fp32.
+    On such a CPU the packed bf16 product reads half the bytes of fp32 and runs ~2x faster
+    while memory-bound; without a bf16 GEMM, oneDNN would upconvert every step."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if packing_available(dev, torch.bfloat16) else "float32"
+
+
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False

@@ -1,6 +1,10 @@
-"""vLLM's logit-shaping sampling extensions on one materialised row of logits, in vLLM's
-order: allowed ids, bad words, min_tokens, logit_bias, then the repetition, frequency and
-presence penalties; min_p goes last, as vLLM applies it after the temperature."""
+"""vLLM's logit-shaping sampling extensions, in vLLM's order: allowed ids, bad words,
+min_tokens, logit_bias, then the repetition, frequency and presence penalties; min_p goes
+last, as vLLM applies it after the temperature.
+
+Rules that change only a few named ids (bad words, min_tokens, logit_bias) reach the
+streaming kernels as a per-row bias (`few_id_changes`, `row_biases`); the rest are applied
+to one materialised row of logits (`shape_logits`)."""
 
 from __future__ import annotations
 
@@ -25,17 +29,55 @@ def shape_logits(logits: torch.Tensor, rules: LogitRules, prompt_ids: Sequence[i
         banned = torch.ones(v, dtype=torch.bool)
         banned[keep] = False
         row.masked_fill_(banned, NEG_INF)
+    changes = few_id_changes(rules, output_ids, stop_ids, v)
+    if changes:
+        row[torch.tensor(list(changes), dtype=torch.long)] += torch.tensor(list(changes.values()))
+    _penalize(row, rules, prompt_ids, output_ids)
+
+
+def touches_few_ids(rules: LogitRules) -> bool:
+    """Whether every rule changes only a few named ids (bad words, min_tokens, logit_bias):
+    then a per-row bias in the streaming kernels applies them, and no row of logits is
+    materialised. An allowed set, the penalties and min_p need the whole row."""
+    return (rules.allowed_token_ids is None and rules.repetition_penalty == 1.0
+            and rules.presence_penalty == 0.0 and rules.frequency_penalty == 0.0
+            and rules.min_p <= 0.0)
+
+
+def few_id_changes(rules: LogitRules, output_ids: Sequence[int], stop_ids: Collection[int],
+                   vocab: int) -> dict[int, float]:
+    """This step's bad words, min_tokens and logit_bias as id -> what is added to its logit
+    (-inf bans it), in vLLM's order: a ban wins over a bias."""
+    out: dict[int, float] = {}
     for word in rules.bad_words_ids:
         # A one-token word is always banned; a longer one only right after its other tokens.
         if len(word) == 1 or tuple(output_ids[-(len(word) - 1):]) == word[:-1]:
-            row[word[-1]] = NEG_INF
+            out[word[-1]] = NEG_INF
     if len(output_ids) < rules.min_tokens:
-        ids = [t for t in stop_ids if t < v]
-        if ids:
-            row[torch.tensor(ids, dtype=torch.long)] = NEG_INF
+        out.update((t, NEG_INF) for t in stop_ids
+                   if t < vocab and t not in rules.unmasked_stop_ids)
     for tid, bias in rules.logit_bias:
-        row[tid] += bias
-    _penalize(row, rules, prompt_ids, output_ids)
+        out[tid] = out.get(tid, 0.0) + bias
+    return out
+
+
+def row_biases(changes: list[dict[int, float]], head_bias: torch.Tensor | None,
+               device: torch.device) -> torch.Tensor | None:
+    """A head group's `bias` for the kernels (kernels.row_groups.row_bias): the head's own [V]
+    (or None) when no row changes an id; else [b, Vb] fp32, the head's bias (Vb = V) or zeros
+    up to the highest changed id, plus each row's changes."""
+    if not any(changes):
+        return head_bias
+    if head_bias is not None:
+        out = head_bias.to(device, torch.float32).expand(len(changes), -1).clone()
+    else:
+        width = max(max(c) for c in changes if c) + 1
+        out = torch.zeros(len(changes), width, device=device)
+    for i, c in enumerate(changes):
+        if c:
+            out[i, torch.tensor(list(c), device=device)] += torch.tensor(list(c.values()),
+                                                                          device=device)
+    return out
 
 
 def _penalize(row: torch.Tensor, rules: LogitRules, prompt_ids: Sequence[int],

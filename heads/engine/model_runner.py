@@ -17,6 +17,7 @@ import torch
 from heads.engine.config import EngineConfig
 from heads.engine.cpu_linear import pack_linears, packing_available
 from heads.engine.grouped_reading import GroupedReading
+from heads.engine.logit_rules import few_id_changes, row_biases
 from heads.engine.logprob_tops import prompt_tops, sampled_tops
 from heads.engine.prompt_score import ScoreJob, score_prompts
 from heads.engine.row_sampler import needs_row, sample_row
@@ -76,8 +77,11 @@ class ModelRunner:
             config.block_size, self.layout.group_size, self.layout.num_groups,
             sum(k.nbytes + v.nbytes for k, v in slots) / 2**20,
         )
-        self.device_spec = device_spec(self.device)
-        self.selector = Selector(load_calibration(self.device_spec.name))
+        guessed = device_spec(self.device)
+        calibration = load_calibration(guessed.name)
+        # The measured roofline where `kernels calibrate` ran: what the router prices too.
+        self.device_spec = guessed if calibration is None else calibration.roofline(guessed)
+        self.selector = Selector(calibration)
         self.nested_heads = config.nested_heads
         self._kernel_counts: Counter[tuple[str, str]] = Counter()  # (head, kernel) -> groups
         self._counts_lock = threading.Lock()
@@ -192,7 +196,8 @@ class ModelRunner:
             if needs_row(seqs[i]):  # a grammar or a logit rule needs the row's logits
                 token_ids[i], logprobs[i] = sample_row(
                     self.model.head_output(seqs[i].head), hidden[i:i + 1], seqs[i])
-        groups = [_Group(head, [free[j] for j in rows], seqs, self.model.head_output(head))
+        groups = [_Group(head, [free[j] for j in rows], seqs, self.model.head_output(head),
+                         self.device)
                   for head, rows in _groups([seqs[i].head for i in free]).items()]
         for shared in _by_rows(groups).values():
             if len(shared) > 1 and self._nest(shared):
@@ -220,7 +225,7 @@ class ModelRunner:
             batch_mode(g.batch, weight.shape[0]), self.device_spec,
         )
         g.out = run_plan(plan, g.head_out.hidden(hidden[self._tensor(g.rows)]), weight, g.batch,
-                         g.head_out.bias, self.packed_rows.get(g.head))
+                         g.bias, self.packed_rows.get(g.head))
         self._count(g.head, plan.kernel)
 
     def _nest(self, groups: list[_Group]) -> bool:
@@ -242,13 +247,13 @@ class ModelRunner:
         row_vocab = self._tensor([g.vocab for g in groups for _ in g.rows])
         batch = _concat([g.batch for g in groups])
         bias = None
-        biased = [g.vocab for g in groups if g.head_out.bias is not None]
-        if biased:  # [B, widest biased head]: the kernels add nothing past it
+        biased = [g.bias.shape[-1] for g in groups if g.bias is not None]
+        if biased:  # [B, widest bias]: the kernels add nothing past it
             bias = torch.zeros(h.shape[0], max(biased), dtype=torch.float32, device=self.device)
             at = 0
             for g in groups:
-                if g.head_out.bias is not None:
-                    bias[at:at + len(g.rows), :g.vocab] = g.head_out.bias
+                if g.bias is not None:  # a head's [V] or per-row [n, Vb]
+                    bias[at:at + len(g.rows), :g.bias.shape[-1]] = g.bias
                 at += len(g.rows)
         b_eff = effective_batch([GroupShape(len(g.rows), g.vocab) for g in groups])
         plan = self.selector.choose(b_eff, vmax, weight.shape[1], dtype_name(weight.dtype),
@@ -306,7 +311,7 @@ class _Group:
     """One head's rows of a step, its sampling batch and what its logits come from."""
 
     def __init__(self, head: str, rows: list[int], seqs: list[Sequence],
-                 head_out: HeadOutput) -> None:
+                 head_out: HeadOutput, device: torch.device) -> None:
         self.head, self.rows, self.head_out = head, rows, head_out
         group = [seqs[i] for i in rows]
         self.batch = SamplingBatch.from_rows(
@@ -314,6 +319,11 @@ class _Group:
             [s.num_tokens for s in group],  # index of the token being sampled
             want_logprobs=any(s.want_logprobs for s in group),
         )
+        # The head's [V] bias, or [n, Vb] with the rows' few-id rules added (min_tokens'
+        # stop ids, logit_bias, bad words); None without either.
+        changes = [few_id_changes(s.rules, s.output_ids, s.stop_token_ids, self.vocab)
+                   if s.rules.shapes else {} for s in group]
+        self.bias = row_biases(changes, head_out.bias, device)
         self.out: SampleOutput | None = None
 
     @property

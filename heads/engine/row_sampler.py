@@ -1,6 +1,7 @@
 """Rows sampled from their materialised logits: a grammar masks them, or vLLM's logit rules
-reshape them. The streaming kernels never hold a row of logits, so only such rows pay for
-one: [1, V] over the request's own head.
+over the whole row reshape them. The streaming kernels never hold a row of logits, so only
+such rows pay for one: [1, V] over the request's own head. Rules on a few ids go to the
+kernels as a per-row bias instead (heads.engine.model_runner).
 
 The reported logprob is the raw one (the head's log-softmax before any mask or rule), as
 vLLM reports by default, so it agrees with the top alternatives beside it."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from heads.engine.logit_rules import apply_min_p, shape_logits
+from heads.engine.logit_rules import apply_min_p, shape_logits, touches_few_ids
 from heads.engine.sequence import Sequence
 from heads.model.adapter import HeadOutput
 from kernels.reference import sample_from_logits
@@ -17,7 +18,11 @@ from kernels.sampling_params import SamplingBatch
 
 
 def needs_row(seq: Sequence) -> bool:
-    return seq.constraint is not None or seq.rules.shapes
+    """A grammar, a rule over the whole row, or logprobs beside a rule (reported raw, as vLLM
+    does, while the kernels' logprobs would include the rule's bias)."""
+    if seq.constraint is not None:
+        return True
+    return seq.rules.shapes and (seq.want_logprobs or not touches_few_ids(seq.rules))
 
 
 def sample_row(head: HeadOutput, hidden: torch.Tensor, seq: Sequence

@@ -59,6 +59,7 @@ class LogitRules:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (id, added to its logit)
     allowed_token_ids: frozenset[int] | None = None  # None: every id of the head
     bad_words_ids: tuple[tuple[int, ...], ...] = ()  # the last id of each is masked after the rest
+    unmasked_stop_ids: frozenset[int] = frozenset()  # stop ids min_tokens leaves: end of turn
 
     @property
     def shapes(self) -> bool:

@@ -88,14 +88,17 @@ class HeadSourceResult:
 
 @torch.inference_mode()
 def token_bits(ckpt: Checkpoint, head: str, ids: list[int], window: int,
-               w32: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+               w32: torch.Tensor | None = None, round_to: torch.dtype | None = None
+               ) -> tuple[torch.Tensor, float]:
     """(-log2 p(token | context) per id [len(ids)] fp64, seconds in the backbone), in windows
     of `window` tokens; the second is the prefill time (logits excluded).
 
     With a BOS id every window starts with BOS and all ids are scored; without one, windows
     overlap by one token and the first id (which has no context) is not scored (0 bits).
     `w32` is the head's unembedding in fp32 [V, d]: logits in the checkpoint dtype (bf16)
-    would round by ~0.1 nats at logit magnitudes around 30.
+    would round by ~0.1 nats at logit magnitudes around 30. `round_to` (bf16) rounds each
+    logit once to that dtype after the fp32 product, as the CPU engine's packed bf16 rows
+    serve them (kernels.packed_rows), so the BPB is the served one.
     """
     bos = ckpt.manifest.head(head).bos_token_id
     out = ckpt.model.head_output(head)
@@ -114,6 +117,8 @@ def token_bits(ckpt: Checkpoint, head: str, ids: list[int], window: int,
         target = torch.tensor(ctx[1:], device=hidden.device)
         for r in range(0, hidden.shape[0], 128):  # [128, V] fp32 logits at a time
             logits = out.logits(hidden[r:r + 128], w)
+            if round_to is not None:
+                logits = logits.to(round_to).float()
             nats.append(F.cross_entropy(logits, target[r:r + 128], reduction="none")
                         .double().cpu())
     return torch.cat(nats) / math.log(2), seconds
@@ -177,10 +182,12 @@ GROUPED = READING_SUFFIX  # a nested head's row scored as a two-level softmax
 
 def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int,
              window_bytes: int | None = None, only: list[str] | None = None,
-             grouped: bool = False) -> list[HeadSourceResult]:
+             grouped: bool = False, round_logits: bool = False) -> list[HeadSourceResult]:
     """Every head (or the heads named in `only`) over each file. `grouped`: also each
     boundary-preserving head read as the first level of a two-level softmax over the native
-    vocabulary (heads.eval.grouped), as a row named head + GROUPED."""
+    vocabulary (heads.eval.grouped), as a row named head + GROUPED. `round_logits`: logits
+    rounded to the compute dtype, as served (token_bits; the grouped rows stay fp32)."""
+    round_to = ckpt.model.dtype if round_logits else None
     heads = sorted(ckpt.manifest.heads, key=lambda h: h.vocab_size)
     native = heads[-1].name
     unknown = sorted(set(only or ()) - {h.name for h in heads})
@@ -214,7 +221,8 @@ def evaluate(ckpt: Checkpoint, files: list[Path], max_bytes: int, window: int,
             r = _score(ckpt, h.name, h.vocab_size, source_name(path), pieces, native_spans,
                        _Segmenter(plain[h.name], ckpt.tokenizers[h.name].split,
                                   ckpt.tokenizers[h.name].tokenizer),
-                       byte_ids[h.name], window if not window_bytes else None, w32[h.name])
+                       byte_ids[h.name], window if not window_bytes else None, w32[h.name],
+                       round_to)
             log.info("%s %s: %.3f bytes/token, %.4f BPB, %.0f tok/s", h.name, r.source,
                      r.bytes_per_token, r.bpb, r.prefill_tokens_per_s)
             results.append(r)
@@ -279,15 +287,15 @@ class _Segmenter:
 
 def _score(ckpt: Checkpoint, head: str, vocab_size: int, source: str, pieces: list[str],
            native_spans: list[set[tuple[int, int, bool]]], segment: _Segmenter,
-           byte_ids: frozenset[int], window: int | None, w32: torch.Tensor
-           ) -> HeadSourceResult:
+           byte_ids: frozenset[int], window: int | None, w32: torch.Tensor,
+           round_to: torch.dtype | None = None) -> HeadSourceResult:
     """One head over one source's pieces; `window` None scores each piece as one context."""
     n_tokens = differ = fallback = 0
     dt = 0.0
     kinds = dict.fromkeys(KINDS, 0.0)
     for piece, spans in zip(pieces, native_spans, strict=True):
         ids, offsets, texts, whole = segment(piece)
-        bits, t = token_bits(ckpt, head, ids, window or len(ids) + 1, w32)
+        bits, t = token_bits(ckpt, head, ids, window or len(ids) + 1, w32, round_to)
         dt += t
         n_tokens += len(ids)
         for n, (i, (a, b), bit) in enumerate(zip(ids, offsets, bits.tolist(), strict=True)):

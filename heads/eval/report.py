@@ -98,15 +98,16 @@ def write_results(ckpt: Checkpoint, results: list[HeadSourceResult], out: Path,
 def run_eval(model_dir: Path, files: list[Path], max_bytes: int, window: int,
              out: Path | None = None, compute_dtype: str | None = None,
              window_bytes: int | None = None, update_manifest: bool = True,
-             only: list[str] | None = None, grouped: bool = False
-             ) -> tuple[list[HeadSourceResult], Path]:
-    """`compute_dtype` (e.g. "float32") runs the weights upcast: on CPUs without bf16 matmul
-    units it is faster than bfloat16 (2.6x for Gemma-3-270M on 2 cores), and no less exact.
+             only: list[str] | None = None, grouped: bool = False,
+             round_logits: bool = False) -> tuple[list[HeadSourceResult], Path]:
+    """`compute_dtype` (e.g. "float32") runs the weights in that dtype; `round_logits` rounds
+    the logits to it as the CPU engine serves them (heads.eval.measure.token_bits).
     `update_manifest` records the aggregate figures in the checkpoint's manifest (the demo
     build does; `polyhead heads eval` only with --update)."""
     ckpt = load_checkpoint(model_dir, compute_dtype=compute_dtype)
     if only is not None and update_manifest:
         raise ValueError("updating the manifest needs every head evaluated")
-    results = evaluate(ckpt, files, max_bytes, window, window_bytes, only, grouped)
+    results = evaluate(ckpt, files, max_bytes, window, window_bytes, only, grouped,
+                       round_logits)
     png = write_results(ckpt, results, out or model_dir / "eval", update_manifest)
     return results, png

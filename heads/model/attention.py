@@ -225,15 +225,20 @@ def decode_attention(
     flat = block_tables.reshape(-1)
     k = k_cache.index_select(0, flat).view(b, nb * bs, n_kv, dh)[:, :lmax]  # [B, Lmax, n_kv, Dh]
     v = v_cache.index_select(0, flat).view(b, nb * bs, n_kv, dh)[:, :lmax]
+    # The query heads sharing a KV head attend as that head's rows: q [B, n_kv, H/n_kv, Dh]
+    # against k, v [B, n_kv, Lmax, Dh] (head h reads KV head h // (H/n_kv), as enable_gqa
+    # does). The mask [B, 1, 1, Lmax] broadcasts over them. On CPU this is one product per KV
+    # head instead of SDPA's GQA path, which was 11x slower in bf16 (B=16, H=4, n_kv=1,
+    # Dh=256, 80 keys: 0.20 vs 2.3 ms per layer) and 5x in fp32.
+    h = q.shape[1]
     o = F.scaled_dot_product_attention(
-        q.unsqueeze(2),  # [B, H, 1, Dh]
-        k.transpose(1, 2),  # [B, n_kv, Lmax, Dh]
+        q.view(b, n_kv, h // n_kv, dh),
+        k.transpose(1, 2),
         v.transpose(1, 2),
         attn_mask=mask,
         scale=scale,
-        enable_gqa=q.shape[1] != n_kv,
     )
-    return o.squeeze(2)
+    return o.reshape(b, h, dh)
 
 
 def paged_attention(

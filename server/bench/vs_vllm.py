@@ -1,5 +1,8 @@
-"""polyhead serve against stock `vllm serve` on the native head, measured with vLLM's own
-`vllm bench serve` on the same prompts, one server after the other on the same machine.
+"""polyhead serve against stock `vllm serve`, measured with vLLM's own `vllm bench serve` on
+the same prompts, one server after the other on the same machine. Stock runs at its own
+defaults (no `--dtype`: vLLM's CPU backend picks bf16 for Gemma-3) on two exports: the native
+head ("stock", what runs without polyhead) and the 131k head ("stock-131k", what an operator
+could serve with polyhead's exporter alone).
 
 Per prompt set and concurrency: output tok/s and output bytes/s (a smaller head's token
 carries fewer bytes, so bytes are the fair unit), median TTFT and TPOT, polyhead's share per
@@ -27,13 +30,16 @@ from server.bench.gateway import served
 DATA = Path(__file__).parent / "data"
 PROMPT_SETS = {"english": DATA / "prompts_en.jsonl",
                "multilingual": DATA / "prompts_multilingual.jsonl"}
-TARGET_RATIO = 1.6  # polyhead ÷ stock output bytes/s
+# polyhead ÷ stock output bytes/s: against stock on the native head, and on the second
+# largest head's export (the cheapest static head an operator could run without the router).
+TARGET_RATIO = 1.3
+TARGET_RATIO_SMALLER = 1.0
 BPB_SLACK = 0.05  # served BPB within 5% of the native head's
 
 
 @dataclass(frozen=True, slots=True)
 class Cell:
-    server: str  # "polyhead" | "stock"
+    server: str  # "polyhead" | "stock" (native head) | "stock-<head>"
     prompts: str
     concurrency: int
     completed: int
@@ -87,25 +93,34 @@ def share_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     return {h: round(v / total, 3) for h, v in sorted(delta.items()) if v}
 
 
-def native_export(model_dir: Path, manifest: Manifest, cache_dir: Path) -> Path:
-    """The native head's standard vLLM directory (`export vllm --per-head`), exported into
-    the cache on first use: the model an operator serves without polyhead."""
+def native_export(model_dir: Path, manifest: Manifest, cache_dir: Path,
+                  head: str | None = None) -> Path:
+    """A head's standard vLLM directory (`export vllm --per-head`), exported into the cache on
+    first use; by default the native head's: the model an operator serves without polyhead."""
     from heads.vllm_plugin.export import export_vllm_per_head
 
-    native = manifest.native
+    name = head or manifest.native.name
     out = cache_dir / "exports" / f"{model_dir.name}-per-head"
-    if not (out / native.name / "config.json").is_file():
+    if not (out / name / "config.json").is_file():
         export_vllm_per_head(model_dir, out)
-    return out / native.name
+    return out / name
+
+
+def second_largest(manifest: Manifest) -> str | None:
+    """The largest head below the native one that is not a reading (131k on the demo)."""
+    native = manifest.native
+    rest = [h for h in manifest.heads if h.reads is None and h.name != native.name]
+    return max(rest, key=lambda h: h.vocab_size).name if rest else None
 
 
 @contextmanager
 def stock_server(model_dir: Path, port: int, log: Path) -> Iterator[str]:
-    """Stock vLLM's OpenAI server on one exported head (fp32, the CPU platform)."""
+    """Stock vLLM's OpenAI server on one exported head, at vLLM's own defaults (no --dtype:
+    its CPU backend resolves auto to bf16 for Gemma-3), on the CPU platform."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu",
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-           str(model_dir), "--served-model-name", "stock", "--dtype", "float32",
+           str(model_dir), "--served-model-name", "stock",
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048"]
     with served(cmd, env, port, log, ready_path="/health", ready_s=600) as s:
         yield s.url
@@ -124,17 +139,20 @@ def verdicts(cells: list[Cell], manifest: Manifest) -> list[str]:
     for p in cells:
         if p.server != "polyhead":
             continue
-        stock = next(c for c in cells if c.server == "stock" and c.prompts == p.prompts
-                     and c.concurrency == p.concurrency)
-        ratio = p.bytes_s / stock.bytes_s if stock.bytes_s else float("nan")
         bpb = served_bpb(manifest, p.shares)
         within = bpb is not None and native.bpb is not None and \
             bpb <= native.bpb * (1 + BPB_SLACK)
-        met = ratio >= TARGET_RATIO and within
-        lines.append(f"{p.prompts} c={p.concurrency}: bytes/s {ratio:.2f}x stock "
-                     f"(target >= {TARGET_RATIO}x), served BPB "
-                     f"{'n/a' if bpb is None else f'{bpb:.4f}'} vs native {native.bpb} "
-                     f"(within {BPB_SLACK:.0%}: {within}) -> {'MET' if met else 'MISSED'}")
+        for c in cells:
+            if c.server == "polyhead" or c.prompts != p.prompts or \
+                    c.concurrency != p.concurrency:
+                continue
+            target = TARGET_RATIO if c.server == "stock" else TARGET_RATIO_SMALLER
+            ratio = p.bytes_s / c.bytes_s if c.bytes_s else float("nan")
+            met = ratio >= target and within
+            lines.append(f"{'MET' if met else 'MISSED'} {p.prompts} c={p.concurrency}: bytes/s "
+                         f"{ratio:.2f}x {c.server} (target >= {target}x), served BPB "
+                         f"{'n/a' if bpb is None else f'{bpb:.4f}'} vs native {native.bpb} "
+                         f"(within {BPB_SLACK:.0%}: {within})")
     return lines
 
 
@@ -161,7 +179,7 @@ def write(cells: list[Cell], lines: list[str], out: Path) -> Path:
 
     fig, axes = plt.subplots(1, len(PROMPT_SETS), figsize=(10, 4), squeeze=False)
     for ax, prompts in zip(axes[0], PROMPT_SETS, strict=True):
-        for server in ("polyhead", "stock"):
+        for server in sorted({c.server for c in cells}):
             pts = [c for c in cells if c.server == server and c.prompts == prompts]
             ax.plot([c.concurrency for c in pts], [c.bytes_s for c in pts], "o-", label=server)
         ax.set(title=prompts, xlabel="concurrency", ylabel="output bytes/s", xscale="log")

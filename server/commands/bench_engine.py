@@ -33,8 +33,10 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
                         "each one's two-level reading (<head>+groups), alone and half and half "
                         "with the native head, in turns with the native head alone")
     p.add_argument("--repeats", type=int, default=1, help="best of this many timed runs")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "stored"], default="float32",
-                   help="compute dtype for every engine (default float32: fastest on CPU)")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "stored"], default="auto",
+                   help="compute dtype for every engine; auto (default): each engine's own "
+                        "default, what `serve` and stock vLLM run (bf16 where the CPU has a "
+                        "bf16 GEMM); stored: the checkpoint's")
     p.add_argument("--out", type=Path, default=Path("bench-results"),
                    help="directory for bench_engine.json and .png")
     p.add_argument("--scenarios", default="decode,prefix,kv",
@@ -52,6 +54,7 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> None:
     from heads.bench.engine import bench
     from heads.bench.engine_report import reading_lines, table, verdicts, write
+    from heads.engine.cpu_linear import auto_compute_dtype
     from server.commands.errors import CliError
     from server.ops.logging_setup import configure_logging
 
@@ -70,6 +73,7 @@ def _run(args: argparse.Namespace) -> None:
         raise CliError("--calibration-out measures the local engine: add it to --backends")
     heads = [h for h in (args.heads or "").split(",") if h]
     dtype = None if args.dtype == "stored" else args.dtype
+    local_dtype = auto_compute_dtype() if dtype == "auto" else dtype  # what the local engine runs
     scenarios = {s.strip() for s in args.scenarios.split(",") if s.strip()}
     if scenarios - {"decode", "prefix", "kv"}:
         raise CliError(f"bad --scenarios {args.scenarios!r}: use decode, prefix, kv")
@@ -85,9 +89,9 @@ def _run(args: argparse.Namespace) -> None:
         js, png = write(rows, args.out)
         print(f"wrote {js} and {png}")
     if "local" in engines and scenarios & {"prefix", "kv"}:
-        _local_scenarios(args, model, dtype, heads, scenarios)
+        _local_scenarios(args, model, local_dtype, heads, scenarios)
     if args.calibration_out is not None:
-        _write_calibration(args, model, dtype, timings)
+        _write_calibration(args, model, local_dtype, timings)
 
 
 def _local_scenarios(args: argparse.Namespace, model: Path, dtype: str | None, heads: list[str],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
@@ -47,9 +48,10 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
                    help="split heads (e.g. 32k) whose two-level readings (<head>+groups) are "
                         "served too, as the gateway's grouped_heads setting does")
     p.add_argument("--stock-vllm", action="store_true",
-                   help="with --levels: also replay on stock vLLM serving the native head "
-                        "(its `export vllm --per-head` directory, in vLLM's own server), "
-                        "compared on wall seconds in flight per output MB")
+                   help="with --levels: also replay on stock vLLM at its defaults serving the "
+                        "native head and the second largest head (their `export vllm "
+                        "--per-head` directories, each in vLLM's own server), compared on "
+                        "wall seconds in flight per output MB")
     p.add_argument("--score-stride", type=int, default=1, metavar="K",
                    help="with --levels: score served BPB on every K-th request (default 1)")
     p.set_defaults(run=_run)
@@ -58,6 +60,7 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> None:
     import torch
 
+    from heads.engine.cpu_linear import auto_compute_dtype
     from heads.model.weights import load_checkpoint
     from router.simulate.traces import TRACES, day_phases, load_trace, phase_at
     from server.bench.replay.report import (
@@ -92,7 +95,7 @@ def _run(args: argparse.Namespace) -> None:
         trace, phases = load_trace(Path(args.trace)), None
     torch.set_num_threads(args.threads)
     ckpt = load_checkpoint(resolve_model_dir(args.model, load_settings(None).cache_dir),
-                           compute_dtype="float32")
+                           compute_dtype=auto_compute_dtype())  # what `serve` runs
     ckpt = ckpt.with_readings([h for h in args.grouped_heads.split(",") if h])
     if args.levels is not None:
         _run_levels(args, ckpt, policies, languages)
@@ -100,7 +103,7 @@ def _run(args: argparse.Namespace) -> None:
     regime_of = (lambda t: phase_at(phases, t).regime) if phases else (lambda t: "all")
     cfg = ReplayConfig(max_num_seqs=args.max_num_seqs, lambda_forecast=args.lam)
     print(f"replaying {len(trace)} requests over {trace[-1].arrival_s:.0f} s on "
-          f"{ckpt.manifest.model_name} ({args.threads} threads, float32) for "
+          f"{ckpt.manifest.model_name} ({args.threads} threads, {ckpt.model.dtype_name}) for "
           f"{', '.join(policies)} and every static head; this takes a few minutes per run")
     rows = asyncio.run(replay_all(ckpt, trace, policies, cfg, regime_of, args.calibration,
                                   args.rounds))
@@ -137,6 +140,7 @@ def _run_levels(args: argparse.Namespace, ckpt, policies: list[str], languages: 
     from server.bench.replay.levels import STOCK_PREFIX
     from server.bench.replay.runner import ReplayConfig
     from server.bench.replay.stock import stock_vllm
+    from server.bench.vs_vllm import second_largest
     from server.commands.errors import CliError
     from server.model_source import resolve_model_dir
     from server.settings import load_settings
@@ -163,12 +167,15 @@ def _run_levels(args: argparse.Namespace, ckpt, policies: list[str], languages: 
         duration *= 2
     trace = trace[:args.requests]
     labels = [*policies, *(f"static:{h}" for h in statics)]
-    if args.stock_vllm:
-        labels.append(f"{STOCK_PREFIX}{largest}")
+    # Stock vLLM at its defaults on the native head's export, then on the second largest
+    # head's (what an operator could serve with polyhead's exporter alone).
+    stock_heads = [h for h in (largest, second_largest(ckpt.manifest)) if h] \
+        if args.stock_vllm else []
+    labels += [f"{STOCK_PREFIX}{h}" for h in stock_heads]
     cfg = ReplayConfig(max_num_seqs=args.max_num_seqs, lambda_forecast=args.lam)
     print(f"replaying {len(trace)} {args.trace} requests at {len(clients)} load level(s) "
           f"({', '.join(map(str, clients))} in flight) on {ckpt.manifest.model_name} "
-          f"({args.threads} threads, float32), {args.rounds} round(s) of "
+          f"({args.threads} threads, {ckpt.model.dtype_name}), {args.rounds} round(s) of "
           f"{', '.join(labels)}")
 
     async def replay() -> list:
@@ -178,8 +185,10 @@ def _run_levels(args: argparse.Namespace, ckpt, policies: list[str], languages: 
         settings = load_settings(None)
         model_dir = resolve_model_dir(args.model, settings.cache_dir)
         args.out.mkdir(parents=True, exist_ok=True)
-        async with stock_vllm(model_dir, ckpt.manifest, settings.cache_dir,
-                              args.out / "stock-vllm.log") as stock:
+        async with contextlib.AsyncExitStack() as stack:
+            stock = {h: await stack.enter_async_context(stock_vllm(
+                model_dir, ckpt.manifest, settings.cache_dir,
+                args.out / f"stock-vllm-{h}.log", h)) for h in stock_heads}
             return await replay_levels(ckpt, trace, labels, clients, cfg, args.rounds,
                                        args.calibration, args.score_stride, stock)
 

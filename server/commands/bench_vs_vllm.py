@@ -1,5 +1,6 @@
-"""polyhead bench vs-vllm: polyhead serve against stock vllm serve on the native head, with
-vLLM's own `vllm bench serve`, on committed English and multilingual prompts."""
+"""polyhead bench vs-vllm: polyhead serve against stock vllm serve at its defaults, on the
+native head and on the 131k head's export, with vLLM's own `vllm bench serve`, on committed
+English and multilingual prompts."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--threads", type=int, default=1,
                    help="polyhead's torch threads (vLLM on CPU binds one OMP thread here)")
+    p.add_argument("--stock-heads", default="native,second",
+                   help="comma-separated heads stock vLLM serves, each from its own export: "
+                        "head names, 'native' and 'second' (the largest head below native)")
     p.add_argument("--out", type=Path, default=Path("bench-results/vs-vllm"))
     p.set_defaults(run=_run)
 
@@ -30,6 +34,7 @@ def _run(args: argparse.Namespace) -> None:
         decisions,
         logs_dir,
         native_export,
+        second_largest,
         share_delta,
         stock_server,
         table,
@@ -56,12 +61,21 @@ def _run(args: argparse.Namespace) -> None:
                 r = bench_serve(url, manifest.model_name, tokenizer, PROMPT_SETS[name], c,
                                 args.num_prompts, args.output_len, args.out / "polyhead" / name)
                 cells.append(cell("polyhead", name, c, r, share_delta(before, decisions(url))))
-    with stock_server(stock_dir, free_port(), logs / "stock.log") as url:
-        for name in sets:
-            for c in levels:
-                r = bench_serve(url, "stock", tokenizer, PROMPT_SETS[name], c,
-                                args.num_prompts, args.output_len, args.out / "stock" / name)
-                cells.append(cell("stock", name, c, r, {}))
+    native = manifest.native.name
+    alias = {"native": native, "second": second_largest(manifest)}
+    for head in [alias.get(h.strip(), h.strip()) for h in args.stock_heads.split(",")]:
+        if head is None:
+            continue
+        label = "stock" if head == native else f"stock-{head}"
+        export = native_export(model_dir, manifest, settings.cache_dir, head)
+        with stock_server(export, free_port(), logs / f"{label}.log") as url:
+            for name in sets:
+                for c in levels:
+                    # Each export counts its own tokens; bytes/s, the compared unit, does not
+                    # depend on the tokenizer.
+                    r = bench_serve(url, "stock", export, PROMPT_SETS[name], c,
+                                    args.num_prompts, args.output_len, args.out / label / name)
+                    cells.append(cell(label, name, c, r, {}))
     lines = verdicts(cells, manifest)
     print(table(cells))
     print("\n".join(lines))

@@ -124,8 +124,10 @@ def _register_eval(hsub: argparse._SubParsersAction) -> None:
                     "one scored, not necessarily the native head)")
     ev.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     ev.add_argument("--compute-dtype", choices=("float32", "bfloat16", "float16"),
-                    help="run the weights in this dtype (default: the checkpoint's); float32 "
-                    "is faster than bfloat16 on most CPUs")
+                    help="run the weights in this dtype (default: the checkpoint's)")
+    ev.add_argument("--round-logits", action="store_true",
+                    help="round each logit to the compute dtype after the fp32 product, as "
+                    "the CPU engine's packed bf16 rows serve them (default: fp32 logits)")
     ev.add_argument("--update", action=argparse.BooleanOptionalAction, default=False,
                     help="record the aggregate bytes/token and BPB in the checkpoint's "
                     "manifest (default --no-update: measuring never rewrites it)")
@@ -191,7 +193,7 @@ def _heads_eval(args: argparse.Namespace) -> None:
     results, png = run_eval(args.dir, files, args.max_bytes, args.window, args.out,
                             args.compute_dtype, window_bytes=args.window_bytes or None,
                             update_manifest=args.update, only=args.heads,
-                            grouped=args.grouped)
+                            grouped=args.grouped, round_logits=args.round_logits)
     print(f"{'head':<11}{'V':>8}  {'source':<12}{'bytes/tok':>10}{'BPB':>8}"
           f"{'prefill tok/s':>15}{'≠native':>9}{'bytefb':>8}")
     for r in [*results, *aggregate(results)]:

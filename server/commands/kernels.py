@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
 
@@ -48,6 +49,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     from kernels.calibrate import Shape, calibrate
     from kernels.crossover_calibration import save_calibration
     from kernels.dispatch import device_spec
+    from kernels.roofline import DTYPE_BYTES
     from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
@@ -59,13 +61,32 @@ def _calibrate(args: argparse.Namespace) -> None:
     dtypes = [getattr(torch, d) for d in args.dtype]
     cal = calibrate(shapes, dtypes, args.modes, device, torch_device, args.b_max, args.repeats)
     path = save_calibration(cal, args.out)
-    print(f"device: {device.name} (ridge point {device.ridge_point:.1f} FLOP/B), "
-          f"streaming kernel: {cal.meta['stream_kernel']}")
+    roof = cal.roofline(device)
+    print(f"device: {device.name}, streaming kernel: {cal.meta['stream_kernel']}")
+    print(f"roofline: {roof.mem_bw / 1e9:.1f} GB/s, {roof.peak_flops / 1e12:.2f} TFLOP/s, ridge "
+          f"point {roof.ridge_point:.1f} FLOP/B ("
+          + ("measured here: " + json.dumps(cal.meta["roofline"])
+             if "roofline" in cal.meta else "guessed from the device table")
+          + f"; the uncalibrated guess: {device.mem_bw / 1e9:.1f} GB/s, "
+            f"{device.peak_flops / 1e12:.2f} TFLOP/s)")
     print(f"{'head':<8}{'V':>8}{'dtype':>10}{'mode':>8}{'b*':>8}  swept b")
     for e in cal.entries.values():
         b = "inf" if e["b_star"] is None else f"{e['b_star']:.1f}"
         print(f"{e['head']:<8}{e['V']:>8}{e['dtype']:>10}{e['mode']:>8}{b:>8}  "
               f"{e['b'][0]}..{e['b'][-1]}")
+    print("\nper point, against the roofline bound max(bytes / BW, FLOP / peak):")
+    print(f"{'head':<8}{'dtype':>10}{'mode':>8}{'b':>5}{'kernel':>8}{'ms':>9}{'GB/s':>8}"
+          f"{'TFLOP/s':>9}{'bound ms':>10}{'of roof':>9}")
+    for e in cal.entries.values():
+        w_bytes = e["V"] * e["d"] * DTYPE_BYTES[e["dtype"]]
+        for i, b in enumerate(e["b"]):
+            flops = 2 * b * e["V"] * e["d"]
+            bound = max(w_bytes / roof.mem_bw, flops / roof.peak_flops)
+            for kernel, key in (("stream", "t_stream_s"), ("split", "t_split_s")):
+                t = e[key][i]
+                print(f"{e['head']:<8}{e['dtype']:>10}{e['mode']:>8}{b:>5}{kernel:>8}"
+                      f"{t * 1e3:>9.2f}{w_bytes / t / 1e9:>8.1f}{flops / t / 1e12:>9.3f}"
+                      f"{bound * 1e3:>10.2f}{bound / t:>9.0%}")
     print("fitted efficiency: " + ", ".join(
         f"{k} {v:.2f}" for k, v in cal.efficiency.items() if not math.isnan(v)))
     print(f"wrote {path}")

@@ -52,6 +52,11 @@ def test_kernels_calibrate_quick(tmp_path: Path) -> None:
     assert len(files) == 1
     doc = json.loads(files[0].read_text())
     assert "V=4096,d=64,dtype=bfloat16,mode=greedy" in doc["entries"]
+    roof = doc["meta"]["roofline"]  # measured on this machine, one thread
+    assert roof["threads"] == 1 and roof["dtype"] == "bfloat16"
+    assert 1e9 < roof["mem_bw"] < 1e12 and 1e9 < roof["peak_flops"] < 1e14
+    assert "roofline: " in out and "measured here" in out
+    assert "GB/s" in out and "TFLOP/s" in out and "of roof" in out
 
 
 def test_engine_counts_kernels_per_head() -> None:

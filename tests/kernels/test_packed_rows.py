@@ -63,9 +63,49 @@ def test_split_path_reads_packed_rows() -> None:
     torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-5, rtol=1e-5)
 
 
+BF16 = packing_supported(torch.zeros(1, 1, dtype=torch.bfloat16))
+# A bf16 product: inputs are bf16 values (exact in fp32), oneDNN accumulates in fp32 and
+# rounds each output to bf16 once (8 significant bits), so a logit is off by at most 2^-8 of
+# itself. The reference multiplies the same bf16 values in fp32.
+BF16_RTOL = 2.0**-8
+
+
+@pytest.mark.skipif(not BF16, reason="no oneDNN bf16 GEMM on this CPU")
+@pytest.mark.parametrize("b", [1, 3, 17, 64])
+def test_bf16_logits_match_the_fp32_product_of_the_same_values(b: int) -> None:
+    w = _rows(5003, 72).to(torch.bfloat16)
+    h = torch.randn(b, 72, generator=torch.Generator().manual_seed(b))
+    packed = RowPacker(block_rows=1024).pack(w)
+    assert packed.dtype == torch.bfloat16 and packer_bytes(w) == w.nbytes
+    got = packed.logits(h)  # h is cast to bf16 inside
+    assert got.dtype == torch.float32
+    want = reference.compute_logits(h.to(torch.bfloat16), w)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=BF16_RTOL)
+
+
+def packer_bytes(w: torch.Tensor) -> int:
+    packer = RowPacker(block_rows=1024)
+    packer.pack(w)
+    return packer.nbytes
+
+
+@pytest.mark.skipif(not BF16, reason="no oneDNN bf16 GEMM on this CPU")
+def test_bf16_greedy_equals_fp32_where_the_margin_exceeds_bf16_rounding() -> None:
+    w = _rows(4000, 64, seed=3).to(torch.bfloat16)
+    h = (torch.randn(64, 64, generator=torch.Generator().manual_seed(4)) * 4).to(torch.bfloat16)
+    batch = SamplingBatch.from_rows([RowParams(temperature=0.0)] * 64, [1] * 64)
+    got = split.unembed_and_sample(h, w, batch, packed=RowPacker(block_rows=1000).pack(w))
+    exact = reference.compute_logits(h, w)  # [64, V] fp32 from the same bf16 values
+    top2 = exact.topk(2, dim=1).values
+    # Two logits closer than 2 x 2^-8 of the larger may swap order once rounded.
+    clear = (top2[:, 0] - top2[:, 1]) > top2[:, 0].abs() * 2.0**-7
+    assert int(clear.sum()) > 48  # the check below must cover most rows
+    assert torch.equal(got.token_ids[clear], exact.argmax(dim=1)[clear])
+
+
 def test_rejects_rows_it_cannot_pack_and_mismatched_hidden() -> None:
     with pytest.raises(ShapeMismatch):
-        RowPacker().pack(_rows(100, 8).to(torch.bfloat16))
+        RowPacker().pack(_rows(100, 8).to(torch.float16))
     with pytest.raises(ShapeMismatch):
         RowPacker().pack(_rows(100, 8).T)  # columns not contiguous
     packed = RowPacker().pack(_rows(100, 8))

@@ -118,3 +118,16 @@ def test_batch_mode() -> None:
     assert mode(RowParams(1.0, top_k=40), RowParams(1.0, top_p=0.9)) == "top_p"
     assert mode(RowParams(1.0, top_k=65)) == SPLIT_ONLY
     assert torch.get_num_threads() >= 1
+
+
+def test_a_measured_roofline_replaces_the_guessed_one() -> None:
+    from kernels.crossover_calibration import CrossoverCalibration
+    from kernels.devices import DeviceSpec
+
+    guess = DeviceSpec("cpu:x", 2e12, 100e9, 5e-6)
+    assert CrossoverCalibration("cpu:x").roofline(guess) == guess  # nothing measured
+    cal = CrossoverCalibration("cpu:x", meta={"roofline": {"mem_bw": 16e9, "peak_flops": 1.5e12,
+                                                           "dtype": "bfloat16", "threads": 1}})
+    got = cal.roofline(guess)
+    assert (got.name, got.mem_bw, got.peak_flops, got.launch_overhead_s) == (
+        "cpu:x", 16e9, 1.5e12, 5e-6)

@@ -1,5 +1,6 @@
 """`polyhead bench vs-vllm` in a quick mode on the tiny model, so the benchmark does not rot:
-both servers run, every request completes, and the verdict lines are printed."""
+polyhead and stock vLLM on the native and the second largest head's exports run, every
+request completes, and a verdict line per stock server and concurrency is printed."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ def test_bench_vs_vllm_quick(tiny_model_dir, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((out / "vs_vllm.json").read_text())
     assert {(c["server"], c["concurrency"]) for c in result["cells"]} == {
-        ("polyhead", 1), ("polyhead", 2), ("stock", 1), ("stock", 2)}
+        (s, c) for s in ("polyhead", "stock", "stock-4k") for c in (1, 2)}
     assert all(c["completed"] == 3 and c["failed"] == 0 for c in result["cells"])
-    assert len(result["verdicts"]) == 2 and all(
-        v.endswith(("MET", "MISSED")) for v in result["verdicts"])
+    verdicts = result["verdicts"]
+    assert len(verdicts) == 4 and all(v.startswith(("MET ", "MISSED ")) for v in verdicts)
+    assert sum("x stock-4k (target >= 1.0x)" in v for v in verdicts) == 2, verdicts
     assert (out / "vs_vllm.png").is_file()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,10 +42,10 @@ class Level:
 async def replay_levels(ckpt: Checkpoint, trace: Sequence[SimRequest], labels: Sequence[str],
                         clients: Sequence[int], cfg: ReplayConfig, rounds: int,
                         calibration: Path | None = None, score_stride: int = 1,
-                        stock: Backend | None = None) -> list[Level]:
-    """`labels`: policies, `static:<head>` and `stock-vllm:<head>` (served by `stock`); each
-    runs `rounds` times per level."""
-    profiles = head_profiles(ckpt.manifest, "float32")
+                        stock: Mapping[str, Backend] | None = None) -> list[Level]:
+    """`labels`: policies, `static:<head>` and `stock-vllm:<head>` (served by `stock[head]`);
+    each runs `rounds` times per level."""
+    profiles = head_profiles(ckpt.manifest, ckpt.model.dtype_name)  # priced as the engine runs
     device = device_spec("auto")
     heads = [p.name for p in profiles]
 
@@ -62,11 +62,12 @@ async def replay_levels(ckpt: Checkpoint, trace: Sequence[SimRequest], labels: S
             for i in range(rounds):
                 for label in labels:
                     on_stock = label.startswith(levels.STOCK_PREFIX)
-                    if on_stock and stock is None:
-                        raise ValueError(f"{label} needs the stock backend")
                     name = label.removeprefix(levels.STOCK_PREFIX).removeprefix("static:")
+                    if on_stock and name not in (stock or {}):
+                        raise ValueError(f"{label} needs a stock backend on {name}")
                     res = await replayer.run(trace, policy_doc(name, heads), label,
-                                             lambda t: "all", c, stock if on_stock else None)
+                                             lambda t: "all", c,
+                                             stock[name] if on_stock and stock else None)
                     runs.setdefault(c, {}).setdefault(label, []).append(res)
                     log.info("clients=%d %s (round %d/%d): %.4g s/MB busy, %.4g in flight, "
                              "mean B %.2f, %.0f s", c, label, i + 1, rounds,

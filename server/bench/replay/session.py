@@ -42,7 +42,7 @@ async def replay_all(ckpt: Checkpoint, trace: Sequence[SimRequest], policies: Se
     trace (the same ones for every label). `concurrency`: closed loop at that many requests
     in flight (Replayer.run). `statics`: the static heads to run (default every head).
     `simulate`: also the simulator's prediction (open loop only)."""
-    profiles = head_profiles(ckpt.manifest, "float32")
+    profiles = head_profiles(ckpt.manifest, ckpt.model.dtype_name)  # priced as the engine runs
     device = device_spec("auto")
     heads = [p.name for p in profiles]
     static = list(heads if statics is None else statics)

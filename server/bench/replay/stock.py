@@ -1,6 +1,7 @@
-"""Stock vLLM on the native head, as a replay backend: the model an operator serves without
-polyhead (`export vllm --per-head`), in vLLM's own OpenAI server process, reached through
-polyhead's vLLM backend pinned to that one head (offset 0, the head's own ids)."""
+"""Stock vLLM on one head's export, as a replay backend: the model an operator serves without
+polyhead (`export vllm --per-head`; the native head, or a smaller one exported by polyhead),
+in vLLM's own OpenAI server process at its own defaults, reached through polyhead's vLLM
+backend pinned to that one head (offset 0, the head's own ids)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ log = logging.getLogger(__name__)
 
 @asynccontextmanager
 async def stock_vllm(model_dir: Path, manifest: Manifest, cache_dir: Path,
-                     log_path: Path) -> AsyncIterator[VllmBackend]:
-    """Started, warmed (a first request pays vLLM's lazy set-up, not a run) and stopped."""
-    native = manifest.native
-    directory = native_export(model_dir, manifest, cache_dir)
+                     log_path: Path, head: str | None = None) -> AsyncIterator[VllmBackend]:
+    """Started, warmed (a first request pays vLLM's lazy set-up, not a run) and stopped.
+    `head`: the export served (default the native head)."""
+    native = manifest.head(head) if head is not None else manifest.native
+    directory = native_export(model_dir, manifest, cache_dir, native.name)
     log.info("starting stock vLLM on %s (log %s); about two minutes", directory, log_path)
     with stock_server(directory, free_port(), log_path) as url:
         replica = RemoteReplica(url, frozenset({native.name}), {native.name: 0}, "stock")

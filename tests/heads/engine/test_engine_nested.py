@@ -117,6 +117,7 @@ def test_engine_and_router_agree_on_the_nested_pass(model, mix: dict[str, int]) 
     from types import SimpleNamespace
 
     from heads.engine.model_runner import ModelRunner, _by_rows, _Group
+    from heads.engine.types import NO_LOGIT_RULES
     from kernels.devices import detect_cpu
     from router.cost import Group, unembed_passes
     from router.profiles import HeadProfile
@@ -126,8 +127,10 @@ def test_engine_and_router_agree_on_the_nested_pass(model, mix: dict[str, int]) 
     for head, b in mix.items():
         rows[head] = list(range(len(seqs), len(seqs) + b))
         seqs += [SimpleNamespace(params=RowParams(temperature=0.8, seed=i), num_tokens=7,
-                                 want_logprobs=False, head=head) for i in range(b)]
-    groups = [_Group(h, r, seqs, model.head_output(h)) for h, r in rows.items()]
+                                 want_logprobs=False, head=head, rules=NO_LOGIT_RULES)
+                 for i in range(b)]
+    groups = [_Group(h, r, seqs, model.head_output(h), torch.device("cpu"))
+              for h, r in rows.items()]
     (shared,) = _by_rows(groups).values()  # one matrix: one key
     engine = runner._nest(shared)
     b = model.manifest.backbone

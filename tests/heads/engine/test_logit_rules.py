@@ -136,3 +136,65 @@ def test_seeded_sampling_with_allowed_ids_stays_inside_them(ckpt):
         assert {e.token_id for e in events} <= allowed
         # Raw logprobs, as vLLM reports by default: under the head's whole softmax.
         assert all(e.logprob is not None and e.logprob < 0 for e in events)
+
+
+def test_few_id_rules_skip_the_row_and_whole_row_rules_keep_it():
+    from types import SimpleNamespace
+
+    from heads.engine.row_sampler import needs_row
+
+    def seq(rules: LogitRules, logprobs: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(constraint=None, rules=rules, want_logprobs=logprobs)
+
+    few = LogitRules(min_tokens=4, logit_bias=((3, 1.0),), bad_words_ids=((5,), (6, 7)))
+    assert not needs_row(seq(few))  # a per-row bias in the kernels
+    assert needs_row(seq(few, logprobs=True))  # logprobs are reported raw, before the bias
+    for whole in (LogitRules(repetition_penalty=1.2), LogitRules(min_p=0.1),
+                  LogitRules(allowed_token_ids=frozenset({1}))):
+        assert needs_row(seq(whole))
+
+
+@pytest.mark.parametrize("impl", ["chunked", "split"])
+def test_few_id_rules_as_a_row_bias_sample_what_the_shaped_row_samples(impl):
+    """Seeded rows with bad words, min_tokens and logit_bias: the kernels with the per-row
+    bias pick the token the reference samples from the shaped, materialised row."""
+    from heads.engine.logit_rules import few_id_changes, row_biases
+    from kernels import chunked, reference, split
+    from kernels.sampling_params import SamplingBatch
+
+    g = torch.Generator().manual_seed(7)
+    w, h = torch.randn(V, 32, generator=g), torch.randn(6, 32, generator=g) * 2
+    rules = [LogitRules(min_tokens=3), LogitRules(logit_bias=((11, 8.0), (500, -3.0))),
+             LogitRules(bad_words_ids=((42,), (3, 9))), LogitRules(),
+             LogitRules(min_tokens=9, logit_bias=((1, 50.0),)), LogitRules(logit_bias=((0, 4.0),))]
+    outputs, stops = [[3], [3], [3], [], [3, 4], []], frozenset({1, 2})
+    params = [RowParams(temperature=t, seed=s, top_k=k)
+              for t, s, k in [(0.0, 0, 0), (0.9, 1, 0), (1.2, 2, 50), (0.0, 3, 0), (1.0, 4, 0),
+                              (0.7, 5, 0)]]
+    batch = SamplingBatch.from_rows(params, [9] * 6)
+    changes = [few_id_changes(r, out, stops, V) for r, out in zip(rules, outputs, strict=True)]
+    bias = row_biases(changes, None, torch.device("cpu"))
+    assert bias is not None and bias.shape == (6, 501)  # up to the highest changed id
+    fn = chunked.unembed_and_sample if impl == "chunked" else split.unembed_and_sample
+    got = fn(h, w, batch, bias).token_ids.tolist()
+    for i, (r, out) in enumerate(zip(rules, outputs, strict=True)):
+        row = reference.compute_logits(h[i:i + 1], w)
+        shape_logits(row, r, [], out, stops)
+        one = SamplingBatch.from_rows([params[i]], [9])
+        assert got[i] == int(reference.sample_from_logits(row, one).token_ids[0]), i
+    assert got[4] != 1  # min_tokens bans the stop id its +50 bias would otherwise pick
+
+
+def test_engine_few_id_rules_match_the_row_path_token_for_token(ckpt):
+    """The same seeded requests with min_tokens, logit_bias and bad words: without logprobs
+    they run through the kernels' per-row bias, with logprobs through the row path."""
+    rules = LogitRules(min_tokens=10, logit_bias=((44, 3.0), (17, -2.0)), bad_words_ids=((9,),))
+    def reqs(logprobs: bool) -> list[GenerationRequest]:
+        return [GenerationRequest(f"{logprobs}{i}", head, (2, 17, 301, 44), 10,
+                                  RowParams(temperature=0.9, seed=i), frozenset({1}),
+                                  want_logprobs=logprobs, rules=rules)
+                for i, head in enumerate(["1k", "4k", "8k", "8k"])]
+    fast = [[e.token_id for e in ev] for ev in run_requests(ckpt.model, *reqs(False))]
+    slow = [[e.token_id for e in ev] for ev in run_requests(ckpt.model, *reqs(True))]
+    assert fast == slow
+    assert all(len(ids) == 10 and 1 not in ids and 9 not in ids for ids in fast)

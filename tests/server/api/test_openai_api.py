@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import openai
@@ -128,18 +129,31 @@ def test_concurrent_mixed_heads_match_single_runs(gateway, aclient):
     prompts = ["The river", "In 1887,", "def main():", "Alpha beta gamma", "Hello there"]
     jobs = [(f"{MODEL}:{HEADS[i % 3]}", p) for i, p in enumerate(prompts * 2)]
 
-    async def one(model: str, prompt: str) -> str:
+    async def one(model: str, prompt: str) -> Any:
         c = await aclient.completions.create(model=model, prompt=prompt, max_tokens=20,
-                                             temperature=0)
-        return c.choices[0].text
+                                             temperature=0, logprobs=2)
+        return c.choices[0].logprobs
 
-    async def run() -> tuple[list[str], list[str]]:
+    async def run() -> tuple[list[Any], list[Any]]:
         alone = [await one(m, p) for m, p in jobs]
         together = await asyncio.gather(*(one(m, p) for m, p in jobs))
         return alone, list(together)
 
     alone, together = asyncio.run(run())
-    assert together == alone
+    # A batch is not bit-identical to a lone run: its GEMMs block differently, and bf16 (the
+    # default where the CPU has a bf16 GEMM) rounds each logit to 8 bits. So two greedy runs
+    # may part only where the lone run's top two were a near-tie: within 2 x 2^-8 of the
+    # tiny model's logits (below 1 in magnitude), plus the hidden states' own rounding. A
+    # batching bug (rows swapped, another head's rows) parts them at a clear margin.
+    same = 0
+    for a, b in zip(alone, together, strict=True):
+        if a.tokens == b.tokens:
+            same += 1
+            continue
+        at = next(i for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=True)) if x != y)
+        top2 = sorted(a.top_logprobs[at].values(), reverse=True)
+        assert top2[0] - top2[1] < 0.05, (at, a.tokens, b.tokens, top2)
+    assert same >= len(jobs) // 2
 
 
 def test_cancel_mid_stream_frees_the_engine(gateway):
