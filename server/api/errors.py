@@ -22,6 +22,7 @@ from heads.errors import (
     EngineUnavailable,
     EngineUnsupported,
     GrammarError,
+    MissingDependency,
     TokenizerError,
 )
 from kernels.errors import KernelError
@@ -42,6 +43,7 @@ from server.errors import (
     InternalError,
     InvalidPolicyRequest,
     NotFound,
+    NotServed,
     TooManyRequests,
     Unavailable,
 )
@@ -86,6 +88,8 @@ def to_api_error(exc: Exception) -> APIError:
         return BadRequest(str(exc))
     if isinstance(exc, GrammarError):
         return BadRequest(str(exc), param="response_format")
+    if isinstance(exc, MissingDependency):
+        return NotServed(str(exc))
     if isinstance(exc, EngineStopped | EngineLost):
         return Unavailable(str(exc))
     if isinstance(exc, EngineUnavailable):
@@ -106,8 +110,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def validation_error(exc: RequestValidationError) -> APIError:
-    """400 for bodies that are malformed, name an unknown field, carry invalid Unicode or
-    ask for something not served; 422 for a known field with a bad value."""
+    """Every invalid request is a 400, as vLLM answers it: a malformed body, an unknown
+    field, invalid Unicode, something not served, or a known field with a bad value or one
+    past a limit (code "invalid_value"), which the gateway's own limits answer alike."""
     errors = exc.errors()
     if errors and errors[0].get("type") == "json_invalid":
         return BadRequest("request body is not valid JSON")
@@ -129,7 +134,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
             return BadRequest(f"{where or 'body'}: {e.get('msg')}", param=where or None)
     message, param = _validation_message(exc)
     err = BadRequest(message, param=param)
-    err.status, err.code = 422, "invalid_value"
+    err.code = "invalid_value"
     return err
 
 
@@ -151,14 +156,17 @@ def install_error_handlers(app: FastAPI) -> None:
         err.status, err.code = exc.status_code, code
         return error_response(err)
 
-    for domain in (RouterError, EngineError, KernelError, TokenizerError, GrammarError):
+    for domain in (RouterError, EngineError, KernelError, TokenizerError, GrammarError,
+                   MissingDependency):
 
         @app.exception_handler(domain)
         async def _domain(request: Request, exc: Exception) -> JSONResponse:
             err = to_api_error(exc)
             if isinstance(err, TooManyRequests):  # e.g. router.errors.AdmissionRejected
                 request.scope["polyhead.reject_reason"] = err.reason
-            if err.status >= 500:
+            if isinstance(err, NotServed):  # the install, not a fault: no traceback
+                log.warning("request refused: %s", exc)
+            elif err.status >= 500:
                 log.error("request failed: %s", exc, exc_info=exc)
             return error_response(err)
 

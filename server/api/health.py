@@ -22,4 +22,6 @@ async def readyz(lifecycle: LifecycleDep, request: Request) -> JSONResponse:
     usage = request.app.state.usage
     if usage is not None:  # degraded Redis stays ready: it serves on local state
         body["redis"] = usage.status()
+    if lifecycle.ready:  # unavailable stays ready too: every other request is served
+        body["structured_output"] = request.app.state.gateway.planner.structured_output_status
     return JSONResponse(body, status_code=status)

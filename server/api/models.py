@@ -11,14 +11,19 @@ router = APIRouter()
 
 
 def _entries(gw: GatewayDep) -> list[dict]:
-    m = gw.manifest
-    out = [{"id": m.model_name, "object": "model", "created": 0, "owned_by": "polyhead",
-            "polyhead": {"routed": True, "heads": m.head_names}}]
+    """vLLM's `max_model_len` on every entry: the heads share one backbone and one KV cache,
+    so one limit (server.gateway.request_planner.Limits), the one /tokenize reports."""
+    m, limits = gw.manifest, gw.planner.limits
+    shared = {"object": "model", "created": 0, "owned_by": "polyhead",
+              "max_model_len": limits.max_model_len}
+    out = [{"id": m.model_name, **shared,
+            "polyhead": {"routed": True, "heads": m.head_names,
+                         "max_prompt_tokens": limits.max_prompt_tokens}}]
     for h in m.heads:
-        out.append({"id": f"{m.model_name}:{h.name}", "object": "model", "created": 0,
-                    "owned_by": "polyhead", "root": m.model_name,
+        out.append({"id": f"{m.model_name}:{h.name}", **shared, "root": m.model_name,
                     "polyhead": {"head": h.name, "vocab_size": h.vocab_size,
-                                 "bytes_per_token": h.bytes_per_token, "bpb": h.bpb}})
+                                 "bytes_per_token": h.bytes_per_token, "bpb": h.bpb,
+                                 "max_prompt_tokens": limits.max_prompt_tokens}})
     return out
 
 

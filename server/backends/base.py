@@ -65,6 +65,11 @@ class Backend(Protocol):
         the engine serves no structured output (the gateway then answers 400)."""
         ...
 
+    def max_model_len(self) -> int | None:
+        """The most tokens (prompt + output) one request can reach on the started engine;
+        None: the configured context is the limit (the engine checks it itself)."""
+        ...
+
 
 class BackendBase:
     """Defaults for Backend's optional capabilities: every one answers "not supported"."""
@@ -85,4 +90,7 @@ class BackendBase:
         return None
 
     def grammar_compiler(self) -> GrammarCompiler | None:
+        return None
+
+    def max_model_len(self) -> int | None:
         return None

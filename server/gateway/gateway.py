@@ -216,7 +216,8 @@ class Gateway:
     def _generate(self, plan: RequestPlan, job: ChoiceJob,
                   outcome: Outcome) -> AsyncGenerator[Delta, None]:
         return generate_text(self.backend, self.tokenizers[plan.head], job.request,
-                             list(job.stops), job.index, outcome, job.extensions)
+                             list(job.stops), job.index, outcome, job.extensions,
+                             job.turn_stops)
 
     async def _pump(self, plan: RequestPlan, job: ChoiceJob, outcome: Outcome,
                     queue: asyncio.Queue[Delta | BaseException | None]) -> None:

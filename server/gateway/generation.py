@@ -72,9 +72,12 @@ async def generate_text(
     index: int,
     outcome: Outcome,
     ext: Extensions = NO_EXTENSIONS,
+    turn_stops: tuple[str, ...] = (),
 ) -> AsyncGenerator[Delta, None]:
+    """`stops`: the client's, armed at min_tokens; `turn_stops`: the chat layout's next-turn
+    markers, which end the reply at any length."""
     detok = IncrementalDetokenizer(tokenizer, ext.skip_special_tokens)
-    matcher = StopStringMatcher(stops, ext.include_stop_str)
+    matcher = StopStringMatcher(stops, ext.include_stop_str, turn_stops)
     # A stop id's own text is dropped, as vLLM does, unless asked to stay.
     drop_stop = not ext.include_stop_str
     echo = ext.echo_text  # goes out with the first delta; not generated, so not counted
@@ -92,6 +95,10 @@ async def generate_text(
                 outcome.cached_tokens = event.cached_tokens
             if event.prompt_logprobs is not None:
                 outcome.prompt_logprobs = event.prompt_logprobs
+            if ext.score_only:  # echo, max_tokens 0: the engine's one token is dropped (vLLM)
+                outcome.finish_reason = "length"
+                yield Delta(index, echo, (), (), "length")
+                return
             outcome.completion_tokens += 1
             is_eos = event.token_id in eos and event.finish_reason == "stop"
             # vLLM checks stop strings only once min_tokens tokens exist.

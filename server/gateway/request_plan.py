@@ -14,8 +14,10 @@ from server.gateway.sampling_extensions import NO_EXTENSIONS, Extensions
 class ChoiceJob:
     index: int
     request: GenerationRequest
-    stops: tuple[str, ...]
+    stops: tuple[str, ...]  # the client's
     extensions: Extensions = NO_EXTENSIONS
+    # A chat layout's next-turn markers: they end the reply even before min_tokens.
+    turn_stops: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

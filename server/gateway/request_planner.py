@@ -55,18 +55,28 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    max_tokens: int
+    """What one request may ask for. A request past any of them is a 400 naming the field,
+    as vLLM answers; /v1/models and /tokenize serve max_model_len."""
+
     default_max_tokens: int
     max_stop_sequences: int
-    max_model_len: int  # prompt + output tokens
+    max_model_len: int  # prompt + output tokens; max_tokens may be at most what the prompt leaves
     max_prompt_tokens: int  # a prompt is prefilled in one step, never chunked
     max_n: int
     max_prompt_bytes: int  # UTF-8 bytes over all prompts, checked before tokenizing
 
     @staticmethod
     def from_settings(s: Settings, max_model_len: int) -> Limits:
-        return Limits(s.max_tokens_limit, s.default_max_tokens, s.max_stop_sequences,
-                      max_model_len, s.max_num_batched_tokens, s.max_n, s.max_prompt_bytes)
+        return Limits(s.default_max_tokens, s.max_stop_sequences, max_model_len,
+                      s.max_num_batched_tokens, s.max_n, s.max_prompt_bytes)
+
+    def check_context(self, prompt_tokens: int, max_tokens: int) -> None:
+        if prompt_tokens + max_tokens > self.max_model_len:
+            raise BadRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                f"prompt, {max_tokens} for the completion). Please reduce the prompt or "
+                "max_tokens.", param="max_tokens")
 
 
 # Prompts from this many characters are tokenized off the event loop: about 1 ms of
@@ -108,6 +118,11 @@ class RequestPlanner:
 
     def close(self) -> None:
         self.encoder.close()
+
+    @property
+    def structured_output_status(self) -> str:
+        """"off" on a backend that serves none, else the grammar compiler's status."""
+        return "off" if self.grammars is None else self.grammars.status
 
     def pinned_head(self, model: str) -> str | None:
         name, sep, head = model.partition(":")
@@ -169,10 +184,8 @@ class RequestPlanner:
         texts = [tok.decode(ids, skip_special_tokens=False) for ids in prompts]
         plan = await self._plan("completion", "/v1/completions", body, texts,
                                 chat=False, logprobs=body.logprobs is not None, session=session)
-        max_tokens = plan.jobs[0].request.max_tokens
-        if max(len(ids) for ids in prompts) + max_tokens > self.limits.max_model_len:
-            raise BadRequest(f"prompt + max_tokens ({max_tokens}) exceeds the model's context "
-                             f"of {self.limits.max_model_len} tokens", param="max_tokens")
+        self.limits.check_context(max(len(ids) for ids in prompts),
+                                  plan.jobs[0].request.max_tokens)
         n = len(plan.jobs) // len(prompts)
         jobs = tuple(dataclasses.replace(
             j, request=dataclasses.replace(j.request, prompt_ids=tuple(prompts[j.index // n])))
@@ -194,8 +207,10 @@ class RequestPlanner:
             raise BadRequest("top_logprobs needs logprobs=true", param="top_logprobs")
         text = self.chat_prompt(body.messages, body.add_generation_prompt,
                                 body.continue_final_message, body.chat_template_kwargs)
+        field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
         return await self._plan("chat", route, body, [text], chat=True, logprobs=body.logprobs,
-                                max_tokens=body.effective_max_tokens(), session=session)
+                                max_tokens=body.effective_max_tokens(), session=session,
+                                max_tokens_field=field)
 
     def chat_prompt(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                     continue_final_message: bool = False,
@@ -227,20 +242,17 @@ class RequestPlanner:
     async def _plan(
         self, kind: str, route: str, body: SamplingFields, texts: list[str], *,
         chat: bool, logprobs: bool, max_tokens: int | None = None, session: str | None = None,
+        max_tokens_field: str = "max_tokens",
     ) -> RequestPlan:
         started = time.perf_counter()
         pinned = self.pinned_head(body.model)
-        max_tokens = max_tokens or body.max_tokens or self.limits.default_max_tokens
-        if max_tokens > self.limits.max_tokens:
-            raise BadRequest(f"max_tokens {max_tokens} exceeds the limit {self.limits.max_tokens}",
-                             param="max_tokens")
+        ext = extensions(body)
+        max_tokens = self._max_tokens(body.max_tokens if max_tokens is None else max_tokens,
+                                      ext, max_tokens_field)
         stops = body.stop_list()
         if len(stops) > self.limits.max_stop_sequences:
             raise BadRequest(f"at most {self.limits.max_stop_sequences} stop sequences",
                              param="stop")
-        if chat:  # the end of the assistant's turn; not counted against the client's limit
-            stops = [*stops, *self.chat_format.stop_strings]
-        ext = extensions(body)
         if ext.structured is not None:
             await self._compile(ext.structured)
         # Unpinned, the router picks among the heads that hold the named ids; an id no head
@@ -322,11 +334,13 @@ class RequestPlanner:
              chat: bool = False) -> list[ChoiceJob]:
         """One job per choice from `head`'s ids; `template` carries the request id,
         max_tokens and sampling (its seed is the base seed). A chat reply also stops at the
-        chat format's end-of-turn tokens."""
+        chat format's end-of-turn tokens and next-turn markers, even before min_tokens: they
+        are the layout's, not the client's stops."""
         spec = self.manifest.head(head)
         eos = frozenset(spec.eos_token_ids)
         # ignore_eos drops the head's EOS ids only; the chat format's turn ends still stop.
         turn = self._chat_stop_ids[head] - eos if chat else frozenset()
+        turn_stops = self.chat_format.stop_strings if chat else ()
         stop_ids = ext.stop_ids(eos) | turn
         max_tokens = template.max_tokens
         prompts = [ext.prompt_ids(ids, spec.bos_token_id, self.limits.max_prompt_tokens)
@@ -335,13 +349,12 @@ class RequestPlanner:
             if len(ids) > self.limits.max_prompt_tokens:
                 raise BadRequest(f"prompt is {len(ids)} tokens; the limit is "
                                  f"{self.limits.max_prompt_tokens}", param="prompt")
-            if len(ids) + max_tokens > self.limits.max_model_len:
-                raise BadRequest(
-                    f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the "
-                    f"model's context of {self.limits.max_model_len} tokens", param="max_tokens")
+            self.limits.check_context(len(ids), max_tokens)
         jobs = []
         s = template.sampling
         rules = ext.rules_on(self.tokenizers[head])
+        if rules.min_tokens and turn:
+            rules = dataclasses.replace(rules, unmasked_stop_ids=turn)
         # A two-level reading never materialises the prompt's logits: live BPB skips it.
         score = template.score_prompt and spec.reads is None
         for p, ids in enumerate(prompts):
@@ -356,8 +369,21 @@ class RequestPlanner:
                                         template.want_logprobs, score and i == 0,
                                         template.score_positions, ext.top_logprobs,
                                         ext.engine_prompt_logprobs, ext.structured, rules)
-                jobs.append(ChoiceJob(index, req, tuple(stops), job_ext))
+                jobs.append(ChoiceJob(index, req, tuple(stops), job_ext, turn_stops))
         return jobs
+
+    def _max_tokens(self, asked: int | None, ext: Extensions, field: str) -> int:
+        """The engine's max_tokens. 0 is served only as vLLM serves it: with echo on
+        /v1/completions, the prompt scored and the one token generated dropped."""
+        if asked == 0 and not ext.score_only:
+            raise BadRequest(f"{field} must be at least 1; 0 is served only with echo=true "
+                             "on /v1/completions (the prompt scored, nothing generated)",
+                             param=field)
+        if asked is not None and asked > self.limits.max_model_len:
+            raise BadRequest(f"{field}={asked} cannot be greater than max_model_len="
+                             f"{self.limits.max_model_len}. Please request fewer output tokens.",
+                             param=field)
+        return 1 if ext.score_only else asked or self.limits.default_max_tokens
 
     async def _compile(self, spec: StructuredSpec) -> None:
         """Compile (and cache) the grammar now, off the event loop, so a bad schema is a 400

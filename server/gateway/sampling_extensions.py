@@ -38,6 +38,7 @@ class Extensions:
     add_special_tokens: bool | None = None  # None: the route's default (BOS on completions)
     echo_text: str = ""  # chat echo: the final assistant message, before each choice's text
     echo_prompt: bool = False  # completion echo: each choice's prompt before its text
+    score_only: bool = False  # echo with max_tokens 0: the prompt and its logprobs, no text
     top_logprobs: int = 0  # alternatives beside each sampled token's logprob
     prompt_logprobs: int | None = None  # per prompt token: its logprob and the top N
     wants_logprobs: bool = False  # the sampled tokens' logprobs (logprobs / logprobs=true)
@@ -129,8 +130,9 @@ def extensions(body: SamplingFields) -> Extensions:
     echo_prompt = isinstance(body, CompletionRequest) and body.echo
     return Extensions(body.ignore_eos, stop_ids, body.include_stop_str_in_output,
                       body.skip_special_tokens, body.truncate_prompt_tokens, add, echo,
-                      echo_prompt, top, body.prompt_logprobs, wants, structured_spec(body),
-                      logit_rules(body), tuple(dict.fromkeys(body.bad_words or ())))
+                      echo_prompt, echo_prompt and body.max_tokens == 0, top,
+                      body.prompt_logprobs, wants, structured_spec(body), logit_rules(body),
+                      tuple(dict.fromkeys(body.bad_words or ())))
 
 
 def logit_rules(body: SamplingFields) -> LogitRules:

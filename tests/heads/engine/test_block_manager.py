@@ -241,3 +241,17 @@ def test_a_hit_finds_the_window_before_the_cut_after_it_was_handed_back() -> Non
     c = _pseq(list(range(20)) + [8, 8])
     bm.allocate(c)
     assert c.num_cached_tokens == 0
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_longest_sequence_is_the_most_tokens_the_pool_holds(caching: bool) -> None:
+    from heads.engine.kv_layout import KVLayout
+
+    layout = KVLayout((None, 8), (0, 1), (0, 0), 1)  # one full layer, one of window 8
+    bm = BlockManager(num_blocks=12, block_size=4, prefix_caching=caching, layout=layout)
+    n = bm.longest_sequence(1000)
+    assert bm.blocks_needed(n) <= bm.num_blocks < bm.blocks_needed(n + 1)
+    # Caching: each group holds every block (6 x 4 tokens); without, the window's group
+    # peaks at 8 / 4 + 2 blocks, leaving 8 for the full group.
+    assert n == (24 if caching else 32)
+    assert bm.longest_sequence(10) == 10  # the context is the limit when the pool is not

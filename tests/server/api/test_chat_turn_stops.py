@@ -62,3 +62,14 @@ def test_completions_get_no_implicit_stop(served):
                                        max_tokens=16, temperature=0)
     assert r.choices[0].finish_reason == "length"
     assert "\nuser:" in r.choices[0].text and "\nQuestion:" in r.choices[0].text
+
+
+def test_turn_markers_end_the_reply_even_under_min_tokens(served):
+    """min_tokens holds back the client's stop strings (vLLM's rule), never the layout's own
+    next-turn markers: a reply under min_tokens 48 still ends before the next turn."""
+    fmt, gw = served
+    r = _client(gw).chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=64, temperature=0,
+        extra_body={"min_tokens": 48, "include_stop_str_in_output": True})
+    assert r.choices[0].message.content == EXPECTED[fmt]
+    assert r.choices[0].finish_reason == "stop"

@@ -70,9 +70,9 @@ def test_next_turn_markers_are_stop_strings_on_chat_only(eos_only_model, tmp_pat
     assert fmt.name == chat_format
     for plan in (chat, *moved):
         for job in plan.jobs:
-            assert job.stops == ("zz", *markers)
+            assert job.stops == ("zz",) and job.turn_stops == markers
             assert job.request.stop_token_ids == set(eos[job.request.head])
-    assert done.jobs[0].stops == ()
+    assert done.jobs[0].stops == () and done.jobs[0].turn_stops == ()
 
 
 def test_vllm_gets_the_end_of_turn_ids_in_its_global_id_space(eos_only_model, tmp_path):
@@ -87,3 +87,35 @@ def test_vllm_gets_the_end_of_turn_ids_in_its_global_id_space(eos_only_model, tm
     assert list(params.stop_token_ids) == want
     body = RemoteReplica("http://engine", frozenset(eos), {req.head: offset})._body(params)
     assert body["stop_token_ids"] == want and body["ignore_eos"] is False
+
+
+def test_min_tokens_never_holds_back_the_end_of_turn_token(eos_only_model, tmp_path):
+    """min_tokens masks EOS and the client's stop ids (vLLM's rule), not the template's end
+    of turn: the layout's stop ends the reply at any length. A chat without min_tokens keeps
+    no rules, so its rows stay on the streaming kernels."""
+    import torch
+
+    from heads.engine.logit_rules import shape_logits
+    from heads.engine.types import NO_LOGIT_RULES
+
+    settings = Settings(model=str(eos_only_model), cache_dir=tmp_path, backend="echo",
+                        lambda_store=tmp_path / "lambda.json")
+    app = create_app(settings)
+    msgs = [{"role": "user", "content": "hi"}]
+
+    async def run() -> tuple:
+        async with app.router.lifespan_context(app):
+            planner = app.state.gateway.planner
+            held = await planner.chat(ChatCompletionRequest(model="tiny:1k", messages=msgs,
+                                                            min_tokens=4))
+            plain = await planner.chat(ChatCompletionRequest(model="tiny:1k", messages=msgs))
+            return held.jobs[0].request, plain.jobs[0].request, \
+                planner.tokenizers["1k"].token_to_id("<|im_end|>")
+
+    held, plain, im_end = asyncio.run(run())
+    assert plain.rules == NO_LOGIT_RULES
+    assert held.rules.min_tokens == 4 and held.rules.unmasked_stop_ids == {im_end}
+    eos = set(held.stop_token_ids) - {im_end}
+    logits = torch.zeros(1, 1024)
+    shape_logits(logits, held.rules, held.prompt_ids, [], held.stop_token_ids)
+    assert logits[0, im_end] == 0 and all(logits[0, t] == float("-inf") for t in eos)

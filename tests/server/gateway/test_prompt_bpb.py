@@ -53,4 +53,4 @@ def test_scored_prompts_reach_the_histogram_and_admin_heads(gateway: Gateway):
     assert m[("polyhead_prompt_bpb_smoothed", (("head", "1k"),))] == pytest.approx(h["live_bpb"])
     assert m[("polyhead_guard_excluded", (("head", "1k"),))] == 0
     bad = {**body, "prompt_bpb": "yes please"}
-    assert httpx.post(f"{gateway.url}/v1/completions", json=bad, timeout=60).status_code == 422
+    assert httpx.post(f"{gateway.url}/v1/completions", json=bad, timeout=60).status_code == 400

@@ -86,6 +86,14 @@ def test_live_plan_reports_break_even_lambda(gateway: Gateway) -> None:
     assert plan["optimal_head"] in HEADS and plan["requests"] >= 1
     assert {c["head"] for c in plan["candidates"]} == set(HEADS)
     assert all("break_even_lambda" in c for c in plan["candidates"])
+    # Beside the unconstrained optimum, the one within the active policy's quality bound:
+    # among the heads the bound admitted for the most of the requests above.
+    bound = plan["quality_bound"]
+    assert bound["max_bpb_loss"] == 0.05 and bound["requests_judged"] >= 1
+    shares = {c["head"]: c["within_bound_share"] for c in plan["candidates"]}
+    assert shares[bound["optimal_head"]] == max(shares.values())
+    assert all(c["lifecycle_device_hours"] == pytest.approx(
+        c["train_device_hours"] + c["serve_device_hours"]) for c in plan["candidates"])
 
 
 def test_output_compression_is_learned_per_script(gateway: Gateway) -> None:

@@ -49,3 +49,12 @@ def test_unarmed_text_never_matches_but_a_stop_across_the_arming_point_does():
     m = StopStringMatcher(["END"])
     assert m.feed("aaEN", armed=False) == "aa"
     assert m.feed("D tail") == "" and m.matched == "END"
+
+
+def test_turn_markers_end_the_reply_before_min_tokens_and_never_show():
+    m = StopStringMatcher(["Paris"], include_stop=True, turn=("\nQuestion:",))
+    # Unarmed (min_tokens not yet reached): the client's stop waits, the layout's does not.
+    assert m.feed(" Paris\n", armed=False) == ""  # held: a stop could still start in it
+    assert m.feed("Question: What", armed=False) == " Paris" and m.matched == "\nQuestion:"
+    m = StopStringMatcher(["Paris"], include_stop=True, turn=("\nQuestion:",))
+    assert m.feed(" Paris\n") == " Paris" and m.matched == "Paris"  # armed: the client's stays
