@@ -115,6 +115,32 @@ def verdicts(rows: list[BenchRow]) -> list[str]:
     return [line for line in lines if line is not None]
 
 
+ROOFLINE_TARGET = 0.80  # the local engine's B=1 step against the memory bound
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def roofline_lines(rows: list[BenchRow], backbone_params: int, d: int,
+                   read_bw: float) -> list[str]:
+    """The local engine's B=1 steps against the memory roofline: the bytes of weights a step
+    must read (the backbone's projections and the head's V rows, in the dtype it ran) over a
+    bandwidth measured on this machine in the same run (kernels.machine.read_bandwidth)."""
+    out, worst = [], None
+    for r in rows:
+        if r.engine != "local" or r.batch != 1 or r.dtype not in _BYTES or "+" in r.head:
+            continue
+        weights = (backbone_params + r.vocab_size * d) * _BYTES[r.dtype]  # B
+        bound_ms = 1e3 * weights / read_bw
+        frac = bound_ms / r.ms_per_step
+        out.append(f"local {r.head} B=1: {weights / 1e6:.0f} MB of {r.dtype} weights per step, "
+                   f"bound {bound_ms:.1f} ms at {read_bw / 1e9:.1f} GB/s, step {r.ms_per_step:.1f}"
+                   f" ms: {frac:.0%} of the memory roofline")
+        worst = frac if worst is None else min(worst, frac)
+    if worst is not None:
+        out.append(f"target local B=1 step >= {ROOFLINE_TARGET:.0%} of the memory roofline: "
+                   f"{'MET' if worst >= ROOFLINE_TARGET else 'MISSED'} (lowest {worst:.0%})")
+    return out
+
+
 def write(rows: list[BenchRow], out: Path) -> tuple[Path, Path]:
     import matplotlib
 

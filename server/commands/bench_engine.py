@@ -53,7 +53,7 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> None:
     from heads.bench.engine import bench
-    from heads.bench.engine_report import reading_lines, table, verdicts, write
+    from heads.bench.engine_report import reading_lines, roofline_lines, table, verdicts, write
     from heads.engine.cpu_linear import auto_compute_dtype
     from server.commands.errors import CliError
     from server.ops.logging_setup import configure_logging
@@ -86,6 +86,17 @@ def _run(args: argparse.Namespace) -> None:
             print(line)
         for verdict in verdicts(rows):
             print(verdict)
+        if "local" in engines and 1 in args.batches:
+            import torch
+
+            from heads.manifest import Manifest
+            from kernels.machine import read_bandwidth
+
+            torch.set_num_threads(args.threads)  # the engines' threads read at this rate
+            backbone = Manifest.load(model).backbone
+            for line in roofline_lines(rows, backbone.num_parameters(), backbone.hidden_size,
+                                       read_bandwidth()):
+                print(line)
         js, png = write(rows, args.out)
         print(f"wrote {js} and {png}")
     if "local" in engines and scenarios & {"prefix", "kv"}:
