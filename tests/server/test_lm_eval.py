@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from heads.data.files import WIKI_SAMPLE_A
 from heads.eval.measure import byte_windows, evaluate
 from heads.model.forward import forward_logits
 from heads.model.weights import Checkpoint, load_checkpoint
+from tests.conftest import Gateway, start_gateway, stop_gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -27,6 +29,17 @@ HEADS = ("1k", "4k", "8k")
 @pytest.fixture(scope="module")
 def ckpt(tiny_model_dir: Path) -> Checkpoint:
     return load_checkpoint(tiny_model_dir, compute_dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def gateway(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """The gateway in fp32, as the in-process reference scores (the default is bf16 where the
+    CPU has a bf16 GEMM, whose logits round to 8 bits: equal to 1e-4 only in fp32)."""
+    tmp = tmp_path_factory.mktemp("lm-eval-gw")
+    gw = start_gateway(tiny_model_dir, tmp / "gateway.log", POLYHEAD_COMPUTE_DTYPE="float32",
+                       POLYHEAD_CACHE_DIR=str(tmp / "cache"))
+    yield gw
+    stop_gateway(gw)
 
 
 @pytest.fixture(scope="module")

@@ -121,24 +121,29 @@ def test_stock_vllm_replays_the_same_requests_on_the_native_head(tiny_model_dir:
                                                                  tmp_path: Path) -> None:
     """Stock vLLM (its own server, the native head's per-head export) serves the same
     requests as static:8k, held to the same lengths, scored on the same head, and is
-    judged on wall seconds in flight at the low level."""
+    judged on wall seconds in flight at the low level; a second stock server on the 4k
+    head's export serves the stock-vllm:4k label."""
     from server.bench.replay.level_run import replay_levels, report
     from server.bench.replay.stock import stock_vllm
 
     ckpt = load_checkpoint(tiny_model_dir, compute_dtype="float32")
     trace = [SimRequest(0.0, 80 + 10 * i, 40, 8, "en" if i % 2 else "de") for i in range(4)]
-    labels = ["lifecycle", "static:1k", "static:8k", "stock-vllm:8k"]
+    labels = ["lifecycle", "static:1k", "static:8k", "stock-vllm:8k", "stock-vllm:4k"]
 
     async def run() -> list:
         async with stock_vllm(tiny_model_dir, ckpt.manifest, tmp_path / "cache",
-                              tmp_path / "stock.log") as stock:
+                              tmp_path / "stock.log") as native, \
+                stock_vllm(tiny_model_dir, ckpt.manifest, tmp_path / "cache",
+                           tmp_path / "stock-4k.log", "4k") as smaller:
             return await replay_levels(ckpt, trace, labels, [1], ReplayConfig(
-                max_num_seqs=4, kv_cache_mb=8, poll_s=0.02), rounds=1, stock=stock)
+                max_num_seqs=4, kv_cache_mb=8, poll_s=0.02), rounds=1,
+                stock={"8k": native, "4k": smaller})
 
     [lv] = asyncio.run(run())
     rows = {r.policy: r.real for r in lv.rows}
     stock, local = rows["stock-vllm:8k"], rows["static:8k"]
     assert {s.head for s in stock.served} == {"8k"}
+    assert {s.head for s in rows["stock-vllm:4k"].served} == {"4k"}
     assert [s.tokens for s in stock.served] == [s.tokens for s in local.served]
     assert stock.bpb == local.bpb  # the same continuations under the same head
     assert stock.result.device_s == 0 and stock.inflight_s > 0  # no steps seen; wall charged

@@ -93,7 +93,10 @@ def test_bench_engine_writes_calibration_that_simulate_loads(tiny_model_dir: Pat
 
     data = read_step_samples(steps)
     assert {h.name for h in data.heads} == {"1k", "4k", "8k"}
-    assert data.meta["dtype"] == "float32" and data.meta["threads"] == 1
+    # The dtype the local engine ran at the default --dtype auto, as serve runs it.
+    from heads.engine.cpu_linear import auto_compute_dtype
+
+    assert data.meta["dtype"] == auto_compute_dtype() and data.meta["threads"] == 1
     # Decode steps only, every one of a single head at the benchmarked batches.
     assert data.samples and all(len(s.groups) == 1 and s.seconds > 0 for s in data.samples)
     assert {s.groups[0][1] for s in data.samples} == {1, 2, 4}

@@ -35,11 +35,14 @@ def _gateway(demo_dir: Path, tmp: Path, **env: str) -> Gateway:
 @pytest.fixture(scope="module")
 def gateways(demo_dir: Path, tmp_path_factory) -> Iterator[tuple[Gateway, Gateway]]:
     t0 = time.monotonic()
+    # Both in fp32: equality across engines is an fp32 property (in bf16 they round at
+    # other places, and greedy paths part at near-ties).
     vllm = _gateway(demo_dir, tmp_path_factory.mktemp("vllm-demo"), POLYHEAD_BACKEND="vllm",
                     POLYHEAD_VLLM_MODE="in-process", POLYHEAD_VLLM_ENFORCE_EAGER="true",
-                    POLYHEAD_VLLM_MAX_MODEL_LEN="1024")
+                    POLYHEAD_VLLM_MAX_MODEL_LEN="1024", POLYHEAD_COMPUTE_DTYPE="float32")
     print(f"Gemma-3 demo on in-process vLLM: export + startup {time.monotonic() - t0:.0f} s")  # noqa: T201
-    local = _gateway(demo_dir, tmp_path_factory.mktemp("local-demo"))
+    local = _gateway(demo_dir, tmp_path_factory.mktemp("local-demo"),
+                     POLYHEAD_COMPUTE_DTYPE="float32")
     yield vllm, local
     stop_gateway(vllm)
     stop_gateway(local)
