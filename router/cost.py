@@ -201,7 +201,7 @@ def mixed_step_cost(groups: Sequence[Group], device: DeviceSpec,
                     calibration: CrossoverCalibration | None = None) -> StepCost:
     if not groups:
         raise ValueError("a step needs at least one head group")
-    weights = kv = unembed = sampler = flops = 0.0
+    weights = kv = unembed = sampler = flops = probe = 0.0
     for g in groups:
         if g.batch < 1:
             raise ValueError(f"batch must be >= 1, got {g.batch}")
@@ -214,6 +214,8 @@ def mixed_step_cost(groups: Sequence[Group], device: DeviceSpec,
         flops += 2.0 * g.batch * (h.backbone_params + h.unembed_params + group_rows(h))
         flops += 2.0 * g.batch * g.ctx_tokens * h.kv_bytes_per_token / s
         unembed += g.batch * group_rows(h) * s  # a reading's second level, per sequence
+        probe = max(probe, h.probe_rows * h.hidden_size * s)  # one per step, shared
+    unembed += probe
     for p in unembed_passes(groups, device, calibration):
         w_bytes, s_bytes = _pass_bytes(p, device, calibration)
         unembed += w_bytes

@@ -58,6 +58,10 @@ class HeadProfile:
     # `reads` the split head it reads, whose split share of a prompt predicts its penalty.
     group_rows: float = 0.0
     reads: str | None = None
+    # Native rows a step with this reading's sequences reads for the engine's measured quality
+    # control (heads.engine.quality_control: one native product per probe, shared by the
+    # step's laddered sequences), amortised per step: V_native ÷ probe_every. 0: unmeasured.
+    probe_rows: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -72,8 +76,8 @@ class HeadProfile:
             raise ValueError(f"{self.name}: bytes_per_token must be > 0")
         if self.bpb is not None and self.bpb <= 0:
             raise ValueError(f"{self.name}: bpb must be > 0")
-        if self.group_rows < 0:
-            raise ValueError(f"{self.name}: group_rows must be >= 0")
+        if self.group_rows < 0 or self.probe_rows < 0:
+            raise ValueError(f"{self.name}: group_rows and probe_rows must be >= 0")
         if self.bpb_penalty is not None and min(self.bpb_penalty) < 0:
             raise ValueError(f"{self.name}: bpb_penalty coefficients must be >= 0")
 

@@ -61,6 +61,9 @@ class Router:
         decision_log: int = DEFAULT_CAPACITY,
         quality_fit: PenaltyFit = DEFAULT_FIT,  # per-request BPB penalty model
         affinity: SessionAffinity | None = None,  # sessions stay on their head
+        # The engine measures each request's loss on the two-level readings and moves it up
+        # a ladder (heads.engine.quality_control): the predicted bound does not exclude them.
+        measured_readings: bool = False,
     ) -> None:
         names = [p.name for p in profiles]
         if not names:
@@ -76,6 +79,7 @@ class Router:
         self.clock = clock
         self.quality_fit = quality_fit
         self.affinity = affinity or SessionAffinity()
+        self.measured_readings = measured_readings
         self.decisions = DecisionLog(decision_log)
         self._heads = tuple(names)
         self._lock = threading.Lock()  # serializes writers; readers take self._active as is
@@ -279,7 +283,23 @@ class Router:
             c = self._affine(c, features, profiles, remember)
         return Decision(c.head, active.spec.name, active.version, c.reason, c.costs, c.code,
                         inputs_of(snap, live_batch(snap)), time.time(),
-                        request_record(features)), features
+                        request_record(features), self._ladder(c.head, active.spec)), features
+
+    def _ladder(self, head: str, spec: PolicySpec) -> tuple[str, ...]:
+        """`head` and the routable native-stream heads above it, up to the native head, when
+        the engine measures readings and the policy has a quality bound to hold."""
+        by_name = {p.name: p for p in self.profiles}
+        if not self.measured_readings or by_name[head].reads is None \
+                or spec.name == "pinned" or getattr(spec.params, "max_bpb_loss", None) is None:
+            return ()
+        native = max((p for p in self.profiles if p.reads is None),
+                     key=lambda p: p.vocab_size)
+        if native.name in self._drained:
+            return ()
+        above = sorted((p for p in self.profiles if p.reads is not None
+                        and p.vocab_size > by_name[head].vocab_size
+                        and p.name not in self._drained), key=lambda p: p.vocab_size)
+        return (head, *(p.name for p in above), native.name)
 
     def _affine(self, c: Choice, features: RequestFeatures, profiles: Sequence[HeadProfile],
                 remember: bool) -> Choice:
@@ -309,6 +329,9 @@ class Router:
         bound = getattr(spec.params, "max_bpb_loss", None)
         routable = {p.name for p in profiles}
         excluded = excluded_by_bound({h: v for h, v in pen.items() if h in routable}, bound)
+        if self.measured_readings:  # measured per request by the engine instead
+            readings = {p.name for p in self.profiles if p.reads is not None}
+            excluded = {h: v for h, v in excluded.items() if h not in readings}
         return dataclasses.replace(
             features, bpb_penalty=pen, excluded=excluded,
             predicted_bpt=predict_all(self.profiles, features, snap.output_bytes,

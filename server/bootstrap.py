@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from heads.checkpoint import load_metadata
 from heads.engine.config import EngineConfig
 from heads.engine.cpu_linear import auto_compute_dtype
+from heads.engine.types import QualityLadder
 from heads.errors import CheckpointError
 from heads.manifest import HeadSpec, Manifest
 from heads.model.weights import load_checkpoint
@@ -89,11 +91,14 @@ def compute_dtype(settings: Settings) -> str:
 
 
 def head_profiles(manifest: Manifest, dtype: str | None = None,
-                  nested_pass: bool = True) -> list[HeadProfile]:
+                  nested_pass: bool = True, probe_every: int | None = None
+                  ) -> list[HeadProfile]:
     """`nested_pass`: the backend reads a nested head's rows in one pass with the larger
-    live heads' (the local engine); the vLLM backend's logits run per head."""
+    live heads' (the local engine); the vLLM backend's logits run per head. `probe_every`:
+    the engine probes readings' decode steps this often (measured quality control)."""
     b = manifest.backbone
     s = DTYPE_BYTES[dtype or manifest.dtype]
+    probe = 0.0 if probe_every is None else manifest.native.vocab_size / probe_every
     return [
         HeadProfile(
             name=h.name,
@@ -114,6 +119,7 @@ def head_profiles(manifest: Manifest, dtype: str | None = None,
             bpb_penalty=_penalty(manifest, h.name),
             group_rows=_group_rows(manifest, h),
             reads=h.reads,
+            probe_rows=probe if h.reads is not None else 0.0,
         )
         for h in manifest.heads
     ]
@@ -134,9 +140,23 @@ def device_spec(name: str) -> DeviceSpec:
     return detect_cpu() if name == "auto" else lookup_device(name)
 
 
+def measured_quality(settings: Settings) -> bool:
+    """Whether the engine measures readings per request (the local engine serves them)."""
+    return settings.quality_control == "measured" and settings.backend == "local"
+
+
+def served_readings(settings: Settings, manifest: Manifest) -> list[str]:
+    """The split heads whose two-level readings are served (Settings.grouped_heads)."""
+    if settings.grouped_heads is not None:
+        return list(settings.grouped_heads)
+    return sorted(manifest.readings.values()) if settings.backend == "local" else []
+
+
 def build_router(manifest: Manifest, settings: Settings) -> tuple[Router, LiveState]:
+    measured = measured_quality(settings)
     profiles = head_profiles(manifest, compute_dtype(settings),
-                             nested_pass=settings.backend == "local")
+                             nested_pass=settings.backend == "local",
+                             probe_every=settings.quality_probe_every if measured else None)
     state = LiveState.for_profiles(profiles, settings.batch_window_s, settings.prompt_bpb_alpha)
     device = device_spec(settings.device)
     # The engine's kernel crossovers on this device, so the cost model prices the same kernel,
@@ -151,7 +171,7 @@ def build_router(manifest: Manifest, settings: Settings) -> tuple[Router, LiveSt
     elif settings.calibrate:
         timer = FittedStepTimer(device, profiles, kernel_cal)
     router = Router(profiles, device, state, settings.policy, timer=timer,
-                    decision_log=settings.decision_log_size)
+                    decision_log=settings.decision_log_size, measured_readings=measured)
     return router, state
 
 
@@ -182,7 +202,7 @@ def open_backend(
         backend: Backend = make_vllm_backend(settings, model_dir, manifest, dtype)
         return manifest, tokenizers, backend, engine_config(settings, manifest)
     ckpt = load_checkpoint(model_dir, compute_dtype=compute_dtype(settings))
-    ckpt = ckpt.with_readings(settings.grouped_heads)
+    ckpt = ckpt.with_readings(served_readings(settings, ckpt.manifest))
     econf = engine_config(settings, ckpt.manifest)
     return ckpt.manifest, ckpt.tokenizers, make_backend(settings, ckpt, econf), econf
 
@@ -306,9 +326,11 @@ async def _build(app: FastAPI, settings: Settings, ops: AsyncExitStack) -> Gatew
     tracing, prompt_bpb = app.state.tracing, PromptBpbConfig.from_settings(settings)
     limits = Limits.from_settings(settings,
                                   backend.max_model_len() or econf.model_len(manifest.backbone))
+    ladder = functools.partial(QualityLadder, positions=settings.quality_positions,
+                               probe_every=settings.quality_probe_every)
     planner = RequestPlanner(manifest, tokenizers, router, metrics, limits, tracing, prompt_bpb,
                              gate.admission.observe_request if gate is not None else None,
-                             backend.grammar_compiler(), settings.chat_format)
+                             backend.grammar_compiler(), settings.chat_format, ladder)
     ops.callback(planner.close)
     accounting = RequestAccounting(metrics, state, manifest, tracing, prompt_bpb)
     heads = ", ".join(f"{h.name} (V={h.vocab_size})" for h in manifest.heads)

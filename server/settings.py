@@ -45,8 +45,17 @@ class Settings(BaseSettings):
     # Split heads (e.g. ["32k"]) whose two-level readings the local engine also serves, each
     # as a head of its own named "<head>+groups": the head's rows pick a group of native
     # tokens and the group's rows pick the token, so it decodes at the native head's
-    # bytes/token for about the split head's unembedding read. Local backend only.
-    grouped_heads: list[str] = Field(default_factory=list)
+    # bytes/token for about the split head's unembedding read. None: every split head's on
+    # the local backend, none on vLLM (which does not serve readings); [] turns them off.
+    grouped_heads: list[str] | None = None
+    # "measured": the engine scores each routed request's prompt under the native head and
+    # every reading above its own, starts it on the cheapest within the policy's
+    # max_bpb_loss and probes its decode every quality_probe_every steps, moving it up when
+    # the running estimate crosses the bound (heads.engine.quality_control). "predicted":
+    # readings are judged by the prompt's split share alone, as trimmed heads are.
+    quality_control: Literal["measured", "predicted"] = "measured"
+    quality_positions: int = Field(default=64, ge=1)  # prompt positions scored per request
+    quality_probe_every: int = Field(default=8, ge=1)  # decode steps between probes
 
     # Initial policy document; the admin API replaces it at runtime.
     policy: dict[str, Any] = Field(default_factory=lambda: {"name": "lifecycle", "params": {}})

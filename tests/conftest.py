@@ -89,8 +89,10 @@ def stop_gateway(gw: Gateway) -> int:
 @pytest.fixture(scope="session")
 def gateway(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     log_path = tmp_path_factory.mktemp("logs") / "gateway.log"
+    # The trimmed heads only: these tests pin head lists and routes written for them; the
+    # readings served by default have their own gateway (tests/server/test_readings_served.py).
     gw = start_gateway(tiny_model_dir, log_path, POLYHEAD_ADMIN_TOKEN=ADMIN_TOKEN,
-                       POLYHEAD_MAX_BODY_BYTES=str(64 * 1024),
+                       POLYHEAD_GROUPED_HEADS="[]", POLYHEAD_MAX_BODY_BYTES=str(64 * 1024),
                        POLYHEAD_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
     yield gw
     stop_gateway(gw)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from heads.engine.kv_layout import KVLayout
@@ -73,7 +74,8 @@ class PrefixStats:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True,
-                 layout: KVLayout | None = None) -> None:
+                 layout: KVLayout | None = None, kv_streams: Mapping[str, str] | None = None
+                 ) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be > 0")
         self.num_blocks = num_blocks
@@ -86,6 +88,13 @@ class BlockManager:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._by_hash: dict[int, int] = {}  # key hash -> block holding that content
         self.stats = PrefixStats()
+        # head -> the head whose token stream (ids, embedding, KV) it shares: a two-level
+        # reading and its native head key their blocks alike, so they share the prefix cache
+        # and a sequence that moves between them keeps one chain.
+        self.kv_streams = dict(kv_streams or {})
+
+    def _stream(self, seq: Sequence) -> str:
+        return self.kv_streams.get(seq.head, seq.head)
 
     @property
     def num_free(self) -> int:
@@ -135,7 +144,7 @@ class BlockManager:
         parent: int | None = None
         for i in range(count):
             toks = tuple(ids[i * bs:(i + 1) * bs])
-            parent = chain_hash(parent, seq.head, toks)
+            parent = chain_hash(parent, self._stream(seq), toks)
             out.append((parent, toks))
         return out
 
@@ -155,7 +164,7 @@ class BlockManager:
 
         def get(g: int, i: int) -> int | None:
             if (g, i) not in found:
-                found[g, i] = self._find(seq.head, chain[i], g)
+                found[g, i] = self._find(self._stream(seq), chain[i], g)
             return found[g, i]
 
         k = 0
@@ -221,7 +230,7 @@ class BlockManager:
             # it, and within the step each layer writes the batch's K/V before attending.
             for i in range(k, len(chain)):
                 if fresh[i - k] != self.pad:
-                    self._register(fresh[i - k], chain[i], seq.head, g)
+                    self._register(fresh[i - k], chain[i], self._stream(seq), g)
         seq.num_cached_tokens = k * self.block_size
         if seq.num_preemptions == 0:
             seq.cached_prompt_tokens = seq.num_cached_tokens
@@ -257,10 +266,10 @@ class BlockManager:
             toks = tuple(seq.token_ids[n - bs:n])
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             if len(seq.block_hashes) == n // bs - 1:
-                h = chain_hash(parent, seq.head, toks)
+                h = chain_hash(parent, self._stream(seq), toks)
                 seq.block_hashes.append(h)
                 for g, table in enumerate(seq.block_tables):
-                    self._register(table[-1], (h, toks), seq.head, g)
+                    self._register(table[-1], (h, toks), self._stream(seq), g)
 
     def free(self, seq: Sequence) -> None:
         for table in seq.block_tables:

@@ -44,11 +44,13 @@ class GroupedReading:
     vocab: int  # its V
     offsets: torch.Tensor  # [V + 1] int64: group p is members[offsets[p]:offsets[p + 1]]
     members: torch.Tensor  # [V_native] int64, native ids, each group led by its piece
+    piece: torch.Tensor  # [V_native] int64: the group (piece) of each native id
 
     @classmethod
     def of(cls, head: str, groups: PieceGroups) -> GroupedReading:
         return cls(head + READING_SUFFIX, head, len(groups.offsets) - 1,
-                   torch.from_numpy(groups.offsets), torch.from_numpy(groups.members))
+                   torch.from_numpy(groups.offsets), torch.from_numpy(groups.members),
+                   torch.from_numpy(groups.piece))
 
     @classmethod
     def of_split_head(cls, tokenizers: Mapping[str, HeadTokenizer], head: str
@@ -76,6 +78,32 @@ class GroupedReading:
             ("prompt scoring", seq.score_prompt)) if on]
         if asked:
             raise EngineUnsupported(f"head {self.name!r} does not serve {', '.join(asked)}")
+
+    def log_probs(self, native_logits: torch.Tensor, first_logits: torch.Tensor
+                  ) -> torch.Tensor:
+        """The reading's log P(t) at T = 1 for every native id, from the native head's logits
+        [k, V_native] and its first level's [k, V], both fp32 -> [k, V_native]:
+        log softmax(first)[p(t)] + z[t] − logsumexp(z[group p(t)])."""
+        piece = self.piece.to(native_logits.device)
+        top = native_logits.max(dim=1, keepdim=True).values  # [k, 1]
+        sums = torch.zeros_like(first_logits).index_add_(1, piece, (native_logits - top).exp())
+        group_lse = sums.log() + top  # [k, V]
+        first = torch.log_softmax(first_logits, dim=-1)  # [k, V]
+        return (first - group_lse)[:, piece] + native_logits
+
+    def token_log_probs(self, native_logits: torch.Tensor, first_logits: torch.Tensor,
+                        targets: torch.Tensor) -> torch.Tensor:
+        """log P(targets[i]) for each row i, as `log_probs` but reading only the targets'
+        groups: native_logits [k, V_native], first_logits [k, V], targets [k] -> [k] fp32."""
+        pieces = self.piece.to(targets.device)[targets]  # [k]
+        rows = torch.arange(len(targets), device=targets.device)
+        out = (first_logits[rows, pieces] - torch.logsumexp(first_logits, dim=-1)
+               + native_logits[rows, targets])
+        lo, hi = self.offsets[pieces.cpu()].tolist(), self.offsets[pieces.cpu() + 1].tolist()
+        members = self.members.to(targets.device)
+        group_lse = torch.stack([torch.logsumexp(native_logits[i, members[a:b]], dim=0)
+                                 for i, (a, b) in enumerate(zip(lo, hi, strict=True))])
+        return out - group_lse
 
     def second_level(self, native: HeadOutput, hidden: torch.Tensor, first: SampleOutput,
                      batch: SamplingBatch) -> SampleOutput:

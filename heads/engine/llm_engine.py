@@ -9,6 +9,7 @@ request's asyncio.Queue through `loop.call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -21,7 +22,7 @@ from heads.engine.grammar import GrammarCompiler
 from heads.engine.grouped_reading import GroupedReading
 from heads.engine.model_runner import ModelRunner
 from heads.engine.scheduler import Scheduler
-from heads.engine.sequence import Sequence
+from heads.engine.sequence import LadderState, Sequence
 from heads.engine.types import GenerationRequest, HeadLoad, StepTiming, TokenEvent
 from heads.errors import EngineError, EngineStopped, EngineUnsupported
 from heads.model.multi_head import MultiHeadModel
@@ -50,8 +51,9 @@ class LocalEngine:
         self.max_model_len = config.model_len(backbone)
         num_blocks = config.num_blocks(backbone, model.dtype_name)
         self.layout = config.layout(backbone)
+        native = model.manifest.native.name
         self._blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                    self.layout)
+                                    self.layout, dict.fromkeys(self.readings, native))
         self._scheduler = Scheduler(
             self._blocks, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
         )
@@ -181,7 +183,18 @@ class LocalEngine:
         reading = self.readings.get(req.head)
         if reading is not None:
             reading.refuse(seq)
+        if req.ladder is not None:
+            self._check_ladder(req)
+            seq.quality = LadderState(req.ladder)
         return seq
+
+    def _check_ladder(self, req: GenerationRequest) -> None:
+        assert req.ladder is not None
+        rungs, native = req.ladder.rungs, self.model.manifest.native.name
+        if rungs[0] != req.head or rungs[-1] != native \
+                or not all(r in self.readings for r in rungs[:-1]):
+            raise EngineError(f"a ladder runs from the request's head ({req.head!r}) through "
+                              f"served readings to the native head ({native!r}); got {rungs}")
 
     async def _stream(self, seq: Sequence) -> AsyncIterator[TokenEvent]:
         queue: asyncio.Queue[TokenEvent | EngineError] = asyncio.Queue()
@@ -242,8 +255,12 @@ class LocalEngine:
                 for seq, tok, lp, reason, score, top, plps in zip(
                         seqs, out.token_ids, out.logprobs, reasons, scores, tops, prompts,
                         strict=True):
-                    cached = seq.cached_prompt_tokens if len(seq.output_ids) == 1 else None
-                    self._send(seq.seq_id, TokenEvent(tok, lp, reason, score, cached, top, plps))
+                    first = len(seq.output_ids) == 1
+                    cached = seq.cached_prompt_tokens if first else None
+                    event = TokenEvent(tok, lp, reason, score, cached, top, plps)
+                    if seq.quality is not None:
+                        event = _with_ladder(event, seq, first)
+                    self._send(seq.seq_id, event)
         except Exception as e:
             log.exception("engine step failed; failing its requests")
             with self._cond:
@@ -273,6 +290,17 @@ class LocalEngine:
             loop.call_soon_threadsafe(queue.put_nowait, item)
         except RuntimeError:  # its event loop is closed
             self._streams.pop(seq_id, None)
+
+
+def _with_ladder(event: TokenEvent, seq: Sequence, first: bool) -> TokenEvent:
+    """The event with the head that sampled it, the prompt's measured losses (first event)
+    and the moves not yet reported."""
+    state = seq.quality
+    assert state is not None
+    losses = (tuple(sorted(state.prompt_losses.items()))
+              if first and state.prompt_losses is not None else None)
+    moves, state.pending = tuple(state.pending), []
+    return dataclasses.replace(event, head=seq.head, prompt_losses=losses, moves=moves)
 
 
 def _timing(seqs: list[Sequence], prefill: bool, seconds: float) -> StepTiming:

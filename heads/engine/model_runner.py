@@ -20,6 +20,7 @@ from heads.engine.grouped_reading import GroupedReading
 from heads.engine.logit_rules import few_id_changes, row_biases
 from heads.engine.logprob_tops import prompt_tops, sampled_tops
 from heads.engine.prompt_score import ScoreJob, score_prompts
+from heads.engine.quality_control import QualityController
 from heads.engine.row_sampler import needs_row, sample_row
 from heads.engine.sequence import Sequence
 from heads.engine.types import PromptScore, TokenLogprobs
@@ -87,6 +88,7 @@ class ModelRunner:
         self._counts_lock = threading.Lock()
         self.score_seconds = 0.0  # total time in prompt scoring (what live BPB costs)
         self.native = model.manifest.native.name
+        self.quality = QualityController(model.head_output, self.readings, self.native)
 
     def enter_step_thread(self) -> None:
         """Per-thread settings for the thread that calls run (the engine's step thread)."""
@@ -179,7 +181,14 @@ class ModelRunner:
         scores = self._score(seqs, hidden, last) if is_prefill else None
         prompt_lps = (prompt_tops(hidden, seqs, last, self.model.head_output) if is_prefill
                       else None)
+        if is_prefill:  # laddered sequences start on the rung their prompt earns
+            for i, s in enumerate(seqs):
+                if s.quality is not None and s.quality.prompt_losses is None:
+                    first = last[i] - (s.num_tokens - s.num_cached_tokens) + 1
+                    self.quality.at_prefill(s, hidden[first:last[i] + 1], s.num_cached_tokens)
         hidden = hidden[self._tensor(last)]  # [B, d]: the last token of each sequence
+        if not is_prefill and any(s.quality is not None for s in seqs):
+            self.quality.at_decode(seqs, hidden)  # may move a sequence before it samples
 
         token_ids, logprobs = self._unembed(seqs, hidden)
         tops = sampled_tops(hidden, seqs, token_ids, self.model.head_output)

@@ -5,9 +5,17 @@ from __future__ import annotations
 import enum
 import itertools
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 
-from heads.engine.types import NO_LOGIT_RULES, LogitRules, PromptScore, TokenConstraint
+from heads.engine.types import (
+    NO_LOGIT_RULES,
+    HeadMove,
+    LogitRules,
+    PromptScore,
+    QualityLadder,
+    TokenConstraint,
+)
 from kernels.row_params import RowParams
 
 log = logging.getLogger(__name__)
@@ -19,6 +27,26 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class LadderState:
+    """One sequence's measurements and moves."""
+
+    ladder: QualityLadder
+    prompt_losses: dict[str, float] | None = None  # rung -> loss on the prompt; None: not yet
+    probes: deque[tuple[dict[str, float], float]] = field(default_factory=deque)  # (KL, H)
+    moves: list[HeadMove] = field(default_factory=list)
+    pending: list[HeadMove] = field(default_factory=list)  # not yet reported in an event
+
+    def running_loss(self, rung: str) -> float | None:
+        """Σ KL ÷ Σ H over the window's probes; None before min_probes of them."""
+        if len(self.probes) < self.ladder.min_probes:
+            return None
+        kl = sum(p[0][rung] for p in self.probes)
+        h = sum(p[1] for p in self.probes)
+        return kl / h if h > 0 else 0.0
+
 
 
 @dataclass(slots=True, eq=False)
@@ -37,6 +65,7 @@ class Sequence:
     prompt_logprobs: int | None = None  # None: off; else top-N per prompt position
     constraint: TokenConstraint | None = None  # structured output (heads.engine.grammar)
     rules: LogitRules = NO_LOGIT_RULES  # logit-shaping extensions (heads.engine.logit_rules)
+    quality: LadderState | None = None  # measured quality control (heads.engine.quality_control)
     seq_id: int = field(default_factory=lambda: next(_ids))  # engine-unique, unlike request_id
     output_ids: list[int] = field(default_factory=list)
     # One block table per KV group (heads.engine.kv_layout); a sliding group's entries behind

@@ -84,6 +84,56 @@ class TokenConstraint(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class QualityLadder:
+    """Heads of one native token stream a request may move up during its life, and the loss
+    that moves it. Every rung reads and writes the native head's ids and shares its KV cache,
+    so a move costs nothing but the new rung's step (heads.engine.quality_control).
+
+    The engine measures each rung's loss against the native head: at the first prefill on
+    sampled prompt positions (Σ NLL_rung ÷ Σ NLL_native − 1 on the prompt's own next tokens),
+    then every `probe_every` decode steps on the step's own distribution (Σ KL(native ‖ rung)
+    ÷ Σ H(native) over the last `window` probes: the expected extra bits per bit on text the
+    native head would write). A sequence starts on the first rung whose prompt loss is within
+    `bound`, and moves up when its running estimate on its rung exceeds it."""
+
+    rungs: tuple[str, ...]  # cheapest first; the last is the native head (loss 0)
+    bound: float  # relative BPB loss against the native head, e.g. 0.05
+    positions: int = 64  # prompt positions scored at the first prefill
+    min_positions: int = 8  # fewer predicted positions: the prompt says nothing, keep rung 0
+    probe_every: int = 8  # decode steps between probes (engine-wide, so probes share a read)
+    window: int = 8  # probes in the running estimate
+    min_probes: int = 2  # probes before the running estimate may move a sequence
+
+    def __post_init__(self) -> None:
+        if len(self.rungs) < 2 or len(set(self.rungs)) != len(self.rungs):
+            raise ValueError(f"a ladder needs two or more distinct rungs, got {self.rungs}")
+        if not math.isfinite(self.bound) or self.bound < 0:
+            raise ValueError(f"bound must be a finite number >= 0, got {self.bound}")
+        if min(self.positions, self.probe_every, self.window, self.min_probes) < 1:
+            raise ValueError("positions, probe_every, window and min_probes must be >= 1")
+
+    def first_within(self, losses: dict[str, float], start: int = 0) -> str:
+        """The cheapest rung from `start` whose measured loss is within the bound (an
+        unmeasured rung never is); the native head, the last rung, when none is."""
+        for rung in self.rungs[start:-1]:
+            loss = losses.get(rung)
+            if loss is not None and loss <= self.bound:
+                return rung
+        return self.rungs[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class HeadMove:
+    """A sequence moved up its ladder: at output token `at` (0: before its first token)."""
+
+    at: int
+    from_head: str
+    to_head: str
+    loss: float  # the measured loss on `from_head` that moved it
+    source: str  # "prompt" (first prefill) or "probes" (decode)
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     request_id: str
     head: str
@@ -98,6 +148,7 @@ class GenerationRequest:
     prompt_logprobs: int | None = None  # None: off; N: each prompt token's logprob + top N
     structured: StructuredSpec | None = None  # constrain the output to a grammar
     rules: LogitRules = NO_LOGIT_RULES  # vLLM's logit-shaping extensions
+    ladder: QualityLadder | None = None  # measured quality control; rungs[0] is `head`
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +161,10 @@ class TokenEvent:
     top: TokenLogprobs | None = None  # when the request asked for top_logprobs
     # On the first event, when asked for: prompt tokens 1.. (the first has no prediction).
     prompt_logprobs: tuple[TokenLogprobs, ...] | None = None
+    head: str | None = None  # the head that sampled this token, when a ladder moved it
+    # On the first event of a laddered request: each rung's loss measured on the prompt.
+    prompt_losses: tuple[tuple[str, float], ...] | None = None
+    moves: tuple[HeadMove, ...] = ()  # the moves this step made (at most one)
 
 
 @dataclass(frozen=True, slots=True)

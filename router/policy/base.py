@@ -25,13 +25,18 @@ class Decision:
     inputs: Mapping[str, float] = field(default_factory=dict)  # B, λ, queue at decision time
     at: float = 0.0  # Unix time, s
     request: Mapping[str, Any] = field(default_factory=dict)  # router.router.request_record
+    # Heads of one native token stream the engine may move the request up, cheapest first,
+    # `head` first and the native head last, judged by measured loss against the policy's
+    # quality bound (heads.engine.quality_control); empty: the request stays on `head`.
+    ladder: tuple[str, ...] = ()
 
     def to_record(self) -> dict[str, Any]:
         # An unpriceable head (a training cost not yet sunk, at λ = 0) is null in JSON.
         costs = {h: c if math.isfinite(c) else None for h, c in self.costs.items()}
         return {"at": self.at, "policy": self.policy, "version": self.version,
                 "inputs": dict(self.inputs), "costs": costs, "head": self.head,
-                "code": self.code, "reason": self.reason, "request": dict(self.request)}
+                "code": self.code, "reason": self.reason, "request": dict(self.request),
+                "ladder": list(self.ladder)}
 
 
 class Policy(Protocol):

@@ -52,6 +52,10 @@ class RequestAccounting:
     def _choices(self, plan: RequestPlan, outcomes: list[Outcome]) -> None:
         itl = self.metrics.itl.labels(plan.head)
         for o in outcomes:
+            for head, loss in (o.prompt_losses or {}).items():
+                self.metrics.measured_loss.labels(head).observe(max(0.0, loss))
+            for move in o.moves:
+                self.metrics.head_moves.labels(move.from_head, move.to_head, move.source).inc()
             for gap in o.itl:
                 itl.observe(gap)
         submitted = [o.submitted_at for o in outcomes if o.submitted_at is not None]

@@ -10,7 +10,13 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
-from heads.engine.types import GenerationRequest, PromptScore, TokenEvent, TokenLogprobs
+from heads.engine.types import (
+    GenerationRequest,
+    HeadMove,
+    PromptScore,
+    TokenEvent,
+    TokenLogprobs,
+)
 from heads.vocab.tokenizer import HeadTokenizer, IncrementalDetokenizer
 from server.backends.base import Backend
 from server.gateway.sampling_extensions import NO_EXTENSIONS, Extensions
@@ -43,6 +49,10 @@ class Outcome:
     prompt_score: PromptScore | None = None  # the prompt's NLL, when the engine scored it
     cached_tokens: int = 0  # prompt tokens the engine's prefix cache served
     prompt_logprobs: tuple[TokenLogprobs, ...] | None = None  # prompt tokens 1.., when asked
+    # A laddered request (heads.engine.quality_control): each rung's loss on the prompt and
+    # the moves up the ladder the engine made.
+    prompt_losses: dict[str, float] | None = None
+    moves: list[HeadMove] = field(default_factory=list)
 
 
 async def _timed(stream: AsyncIterator[TokenEvent], outcome: Outcome) -> AsyncIterator[TokenEvent]:
@@ -95,6 +105,9 @@ async def generate_text(
                 outcome.cached_tokens = event.cached_tokens
             if event.prompt_logprobs is not None:
                 outcome.prompt_logprobs = event.prompt_logprobs
+            if event.prompt_losses is not None:
+                outcome.prompt_losses = dict(event.prompt_losses)
+            outcome.moves += event.moves
             if ext.score_only:  # echo, max_tokens 0: the engine's one token is dropped (vLLM)
                 outcome.finish_reason = "length"
                 yield Delta(index, echo, (), (), "length")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from heads.engine.types import GenerationRequest, StructuredSpec
+from heads.engine.types import GenerationRequest, QualityLadder, StructuredSpec
 from heads.errors import GrammarError
 from heads.manifest import Manifest
 from heads.vocab.prompt_encoder import EncodedPrompt, HeadPrompt, PromptEncoder
@@ -93,8 +93,11 @@ class RequestPlanner:
                  prompt_bpb: PromptBpbConfig,
                  observe_request: Callable[[int, int], None] | None = None,
                  grammars: GrammarCompiler | None = None,
-                 chat_format: str = "auto") -> None:
+                 chat_format: str = "auto",
+                 ladder: Callable[[tuple[str, ...], float], QualityLadder] = QualityLadder
+                 ) -> None:
         self.manifest = manifest
+        self.ladder = ladder  # (rungs, bound) -> the engine's ladder for a decision
         self.grammars = grammars
         self.tokenizers = tokenizers
         self.router = router
@@ -269,10 +272,13 @@ class RequestPlanner:
         request_id = new_id("cmpl-" if kind == "completion" else "chatcmpl-")
         base_seed = body.seed if body.seed is not None else random.getrandbits(62)
         score, positions = self.prompt_bpb.request(body.prompt_bpb, self._bpb_rng)
+        bound = self.router.quality_bound
+        ladder = (self.ladder(decision.ladder, bound)
+                  if decision.ladder and bound is not None else None)
         template = GenerationRequest(request_id, decision.head, (), max_tokens,
                                      RowParams(body.temperature, body.top_p, body.top_k,
                                                base_seed), frozenset(), logprobs,
-                                     score, positions)
+                                     score, positions, ladder=ladder)
         jobs = self.jobs(decision.head, encoded, template, body.n, stops, ext, chat)
         self.metrics.decisions.labels(decision.head, decision.policy, decision.code).inc()
         for head in decision.request.get("excluded", {}):
@@ -368,7 +374,8 @@ class RequestPlanner:
                                         max_tokens, sampling, stop_ids,
                                         template.want_logprobs, score and i == 0,
                                         template.score_positions, ext.top_logprobs,
-                                        ext.engine_prompt_logprobs, ext.structured, rules)
+                                        ext.engine_prompt_logprobs, ext.structured, rules,
+                                        template.ladder)
                 jobs.append(ChoiceJob(index, req, tuple(stops), job_ext, turn_stops))
         return jobs
 

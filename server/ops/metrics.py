@@ -167,6 +167,19 @@ class Metrics:
             "Output tokens behind polyhead_output_bytes_per_token, by head and script class",
             ["head", "script"], registry=r,
         )
+        self.head_moves = Counter(
+            "polyhead_head_moves",
+            "Requests the measured quality control moved up their ladder of native-stream "
+            "heads, by from/to head and what moved them (prompt: the first prefill's "
+            "measurement; probes: the running estimate during decode)",
+            ["from_head", "to_head", "source"], registry=r,
+        )
+        self.measured_loss = Histogram(
+            "polyhead_measured_prompt_loss",
+            "Relative BPB loss against the native head measured on laddered prompts, per rung",
+            ["head"], buckets=(0.0, 0.01, 0.02, 0.03, 0.05, 0.08, 0.12, 0.2, 0.5, 1.0),
+            registry=r,
+        )
         self.quality_excluded = Counter(
             "polyhead_quality_bound_exclusions",
             "Heads a request's predicted BPB penalty kept it off, by excluded head",

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-HEADS = ("1k", "4k", "8k")
+HEADS = ("1k", "4k", "8k", "1k+groups", "4k+groups")  # the readings are served by default
 
 
 @dataclass(frozen=True)
