@@ -35,6 +35,8 @@ def demo_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     gw = start_gateway(Path(demo), tmp_path_factory.mktemp("bpb") / "gw.log",
                        POLYHEAD_TORCH_THREADS="2", POLYHEAD_KV_CACHE_MB="64",
                        POLYHEAD_ADMIN_TOKEN=ADMIN_TOKEN, POLYHEAD_PROMPT_BPB_ALPHA="0.5",
+                       # the trimmed heads' routing and guard, without the readings
+                       POLYHEAD_GROUPED_HEADS="[]",
                        # every request scored (32 sampled positions): deterministic counts
                        POLYHEAD_PROMPT_BPB_FRACTION="1", POLYHEAD_PROMPT_BPB_MIN_SAMPLES="3",
                        POLYHEAD_CACHE_DIR=str(tmp_path_factory.mktemp("bpb-cache")))

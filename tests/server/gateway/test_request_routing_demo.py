@@ -26,6 +26,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     gw = start_gateway(demo, tmp_path_factory.mktemp("routing") / "gw.log",
                        POLYHEAD_TORCH_THREADS="2", POLYHEAD_KV_CACHE_MB="64",
                        POLYHEAD_ADMIN_TOKEN=ADMIN_TOKEN,
+                       # the trimmed heads' routing and guard, without the readings
+                       POLYHEAD_GROUPED_HEADS="[]",
                        POLYHEAD_CACHE_DIR=str(tmp_path_factory.mktemp("routing-cache")))
     yield gw
     stop_gateway(gw)
