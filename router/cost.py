@@ -131,10 +131,22 @@ def context_tokens(head: HeadProfile, features: RequestFeatures) -> float:
 
 
 def prefill_s(head: HeadProfile, timer: StepTimer, tokens: float) -> float:
-    """Compute-bound prefill: 2·N FLOP per prompt token plus one unembedding read, at peak."""
+    """Compute-bound prefill: 2·N FLOP per prompt token plus one unembedding read, at peak;
+    a measured reading adds its prompt measurement: one read of the native rows
+    (measure_rows) for up to MEASURED_POSITIONS positions."""
     d = timer.device
-    return 2.0 * head.backbone_params * tokens / d.peak_flops + head.unembed_params * \
-        head.weight_bytes_per_param / d.mem_bw
+    s = head.weight_bytes_per_param
+    out = 2.0 * head.backbone_params * tokens / d.peak_flops + head.unembed_params * s / d.mem_bw
+    if head.measure_rows:
+        native = head.measure_rows * head.hidden_size
+        out += native * s / d.mem_bw + 2.0 * min(tokens, MEASURED_POSITIONS) * native \
+            / d.peak_flops
+    return out
+
+
+# Prompt positions the engine's measured quality control scores at most (the gateway's
+# quality_positions default), as the router prices the measurement.
+MEASURED_POSITIONS = 64
 
 
 def group_rows(head: HeadProfile) -> float:

@@ -62,6 +62,8 @@ class HeadProfile:
     # control (heads.engine.quality_control: one native product per probe, shared by the
     # step's laddered sequences), amortised per step: V_native ÷ probe_every. 0: unmeasured.
     probe_rows: float = 0.0
+    # Native rows its prompt measurement reads once per request (V_native); 0: unmeasured.
+    measure_rows: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -76,8 +78,8 @@ class HeadProfile:
             raise ValueError(f"{self.name}: bytes_per_token must be > 0")
         if self.bpb is not None and self.bpb <= 0:
             raise ValueError(f"{self.name}: bpb must be > 0")
-        if self.group_rows < 0 or self.probe_rows < 0:
-            raise ValueError(f"{self.name}: group_rows and probe_rows must be >= 0")
+        if min(self.group_rows, self.probe_rows, self.measure_rows) < 0:
+            raise ValueError(f"{self.name}: group_rows, probe_rows, measure_rows must be >= 0")
         if self.bpb_penalty is not None and min(self.bpb_penalty) < 0:
             raise ValueError(f"{self.name}: bpb_penalty coefficients must be >= 0")
 

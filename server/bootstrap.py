@@ -120,6 +120,8 @@ def head_profiles(manifest: Manifest, dtype: str | None = None,
             group_rows=_group_rows(manifest, h),
             reads=h.reads,
             probe_rows=probe if h.reads is not None else 0.0,
+            measure_rows=(manifest.native.vocab_size if probe and h.reads is not None
+                          else 0.0),
         )
         for h in manifest.heads
     ]

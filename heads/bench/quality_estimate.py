@@ -10,28 +10,26 @@ percentage points of BPB, and the head the ladder would start on, with the measu
 that choice. Nothing here was used to fit anything: the measurement has no parameters but
 the number of positions.
 
-Classes and their offline sources: prose (the committed Wikipedia sample held out from every
-fit), code (this Python's standard library source), docs (the Python reference manual's
-topic texts shipped in pydoc_data), and each committed language sample.
+Classes and their offline sources: prose (the committed Wikipedia samples), code and docs
+(heads.corpus.content: this Python's standard library source and reference manual topics),
+and each committed language sample.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
-import sysconfig
 import time
 from pathlib import Path
 
 import torch
 
+from heads.corpus.content import CONTENT_CLASSES, content_text
 from heads.corpus.languages import languages, sample
-from heads.data.files import WIKI_SAMPLE_B
+from heads.data.files import WIKI_SAMPLE_A, WIKI_SAMPLE_B
 from heads.engine.grouped_reading import GroupedReading
-from heads.engine.prompt_score import pick_positions
-from heads.engine.quality_control import QualityController
+from heads.engine.quality_control import QualityController, later_positions
 from heads.engine.types import QualityLadder
 from heads.model.forward import forward_hidden
 from heads.model.weights import Checkpoint, load_checkpoint
@@ -40,16 +38,9 @@ from heads.model.weights import Checkpoint, load_checkpoint
 def documents(cls: str, count: int, size: int) -> list[str]:
     """`count` texts of `size` characters of one class, each from a different place."""
     if cls == "prose":
-        text = WIKI_SAMPLE_B.read_text(encoding="utf-8")
-    elif cls == "code":
-        stdlib = Path(sysconfig.get_paths()["stdlib"])
-        files = sorted(p for p in stdlib.glob("*.py") if p.stat().st_size > 4 * size)
-        step = max(1, len(files) // count)
-        return [f.read_text(encoding="utf-8", errors="replace")[size:2 * size]
-                for f in files[::step][:count]]
-    elif cls == "docs":
-        from pydoc_data.topics import topics
-        text = "\n\n".join(v for _, v in sorted(topics.items()))
+        text = "\n".join(f.read_text(encoding="utf-8") for f in (WIKI_SAMPLE_A, WIKI_SAMPLE_B))
+    elif cls in CONTENT_CLASSES:
+        text = content_text(cls)
     else:
         text = sample(cls)
     stride = max(size, (len(text) - size) // count)
@@ -66,11 +57,13 @@ def measure(ckpt: Checkpoint, controller: QualityController, ladder: QualityLadd
     prompt, cont = tok.encode(text[:prompt_chars]), tok.encode(text[prompt_chars:])
     ids = ([] if native.bos_token_id is None else [native.bos_token_id]) + prompt
     hidden = forward_hidden(ckpt, native.name, ids + cont)  # [T, d]
-    picks = pick_positions(len(ids) - 1, ladder.positions, random.Random(seed))
+    picks = later_positions(len(ids) - 1, ladder.positions, seed)
     t0 = time.perf_counter()
     predicted = controller.prompt_losses(hidden[picks], torch.tensor([ids[j + 1] for j in picks]),
                                          ladder.rungs)
     seconds = time.perf_counter() - t0
+    expected = controller.expected_losses(hidden[picks], ladder.rungs)
+    predicted.update({f"{r} kl": v for r, v in expected.items()})
     rows = hidden[len(ids) - 1:-1]  # predicts every continuation token
     measured = controller.prompt_losses(rows, torch.tensor(cont), ladder.rungs)
     return predicted, measured, seconds
@@ -98,10 +91,11 @@ def run(ckpt: Checkpoint, classes: list[str], docs: int, size: int, positions: i
             chosen.append((head, m.get(head, 0.0)))
         row: dict = {"class": cls, "docs": len(preds),
                      "predict_ms": round(1e3 * statistics.median(secs), 1)}
-        for r in ladder.rungs[:-1]:
+        for r in (*ladder.rungs[:-1], *(f"{r} kl" for r in ladder.rungs[:-1])):
+            m_of = r.removesuffix(" kl")
             row[r] = {"predicted": statistics.median(p[r] for p in preds),
-                      "measured": statistics.median(m[r] for m in meas),
-                      "mae_pp": 100 * statistics.median(abs(p[r] - m[r])
+                      "measured": statistics.median(m[m_of] for m in meas),
+                      "mae_pp": 100 * statistics.median(abs(p[r] - m[m_of])
                                                         for p, m in zip(preds, meas, strict=True))}
         row["chosen"] = {h: sum(1 for c, _ in chosen if c == h) for h, _ in chosen}
         row["chosen_loss"] = statistics.median(loss for _, loss in chosen)
@@ -132,7 +126,7 @@ def main() -> None:
     ap.add_argument("model", type=Path)
     ap.add_argument("--classes", default=",".join(("prose", "code", "docs", *languages())))
     ap.add_argument("--docs", type=int, default=8, help="documents per class")
-    ap.add_argument("--chars", type=int, default=3000, help="characters per document "
+    ap.add_argument("--chars", type=int, default=2000, help="characters per document "
                     "(the first half is the prompt)")
     ap.add_argument("--positions", type=int, default=64, help="as the engine's default")
     ap.add_argument("--bound", type=float, default=0.05)
@@ -147,7 +141,7 @@ def main() -> None:
     ckpt = ckpt.with_readings(sorted(ckpt.manifest.readings.values()))
     rows = run(ckpt, [c for c in args.classes.split(",") if c], args.docs, args.chars,
                args.positions, args.bound)
-    rungs = [k for k in rows[0] if k.endswith("+groups")]
+    rungs = [k for k in rows[0] if k.endswith(("+groups", "+groups kl"))]
     print(table(rows, rungs, args.bound))  # noqa: T201 - the report
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))

@@ -150,6 +150,12 @@ class LocalEngine:
         """Total time spent scoring prompts (live BPB) so far."""
         return self._runner.score_seconds
 
+    def quality_seconds(self) -> tuple[float, float]:
+        """Time the measured quality control spent so far: (measuring prompts, inside
+        prefill steps; probing, inside decode steps)."""
+        q = self._runner.quality
+        return q.prefill_seconds, q.probe_seconds
+
     def drain_step_timings(self) -> list[StepTiming]:
         """Step timings since the last call (one reader: the gateway's calibration)."""
         out = []

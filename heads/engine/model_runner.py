@@ -88,7 +88,12 @@ class ModelRunner:
         self._counts_lock = threading.Lock()
         self.score_seconds = 0.0  # total time in prompt scoring (what live BPB costs)
         self.native = model.manifest.native.name
-        self.quality = QualityController(model.head_output, self.readings, self.native)
+        packed = self.packed_rows.get(self.native)
+        plain = model.head_output(self.native)
+        if plain.bias is not None or plain.down is not None:  # adapted: not the rows alone
+            packed = None
+        self.quality = QualityController(model.head_output, self.readings, self.native,
+                                         packed.logits if packed is not None else None)
 
     def enter_step_thread(self) -> None:
         """Per-thread settings for the thread that calls run (the engine's step thread)."""

@@ -34,6 +34,16 @@ MULTILINGUAL_MIX: dict[str, float] = {"en": 0.5, **dict.fromkeys(
     ("de", "fr", "es", "pl", "ru", "ja", "zh", "ko", "hi"), 0.5 / 9)}
 
 
+# The mixed trace's content mix, fixed before any result was seen, after what public API
+# traffic studies report in broad strokes (programming and technical help as the largest
+# share of requests, then writing in English, then other languages): English prose 35%,
+# source code 25%, technical documentation 15%, and 25% split evenly over the 13 other
+# committed languages. "code" and "docs" are content classes (heads.corpus.content).
+MIXED_MIX: dict[str, float] = {"en": 0.35, "code": 0.25, "docs": 0.15, **dict.fromkeys(
+    ("cs", "de", "es", "fr", "hi", "it", "ja", "ko", "pl", "pt-br", "ru", "uk", "zh"),
+    0.25 / 13)}
+
+
 def _sizes(rng: random.Random, prompt: float, output: float) -> tuple[int, int]:
     # Log-normal around the medians: a few long prompts and long answers, like chat traffic.
     return (max(16, int(rng.lognormvariate(math.log(prompt), 0.6))),
@@ -126,10 +136,17 @@ def english(duration_s: float = 150, seed: int = 5, peak: float = 2.0) -> list[S
     return with_languages(multilingual(duration_s, seed, peak), {"en": 1.0}, seed + 1)
 
 
+def mixed(duration_s: float = 150, seed: int = 5, peak: float = 2.0) -> list[SimRequest]:
+    """The multilingual trace's arrivals and sizes with MIXED_MIX content: prose, code,
+    documentation and languages."""
+    return with_languages(multilingual(duration_s, seed, peak), MIXED_MIX, seed + 2)
+
+
 TRACES: dict[str, Callable[..., list[SimRequest]]] = {
     "edge": edge, "datacenter": datacenter, "bursty": bursty, "diurnal": diurnal,
-    "cpu-day": cpu_day, "multilingual": multilingual, "english": english,
+    "cpu-day": cpu_day, "multilingual": multilingual, "english": english, "mixed": mixed,
 }
+TEXT_TRACES = ("multilingual", "english", "mixed")  # their requests carry content classes
 
 
 def load_trace(path: Path) -> list[SimRequest]:

@@ -19,7 +19,9 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", default="cpu-day", help="a CSV/JSONL file, or a synthetic trace "
                    "name (cpu-day: night / busy noon / night, split into regimes low / high; "
                    "multilingual: cpu-day arrivals, half English and half nine other "
-                   "languages; english: the same arrivals, all English)")
+                   "languages; english: the same arrivals, all English; mixed: the same "
+                   "arrivals, 35%% English prose, 25%% Python source, 15%% technical "
+                   "documentation, 25%% thirteen other languages)")
     p.add_argument("--duration", type=float, default=150.0, help="synthetic trace length, s")
     p.add_argument("--peak", type=float, default=2.0, help="cpu-day: noon arrivals per s")
     p.add_argument("--policies", default=None,
@@ -44,9 +46,10 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
                    help="with --levels: requests per label and level (default 200)")
     p.add_argument("--statics", default=None, metavar="HEADS",
                    help="with --levels: the static heads to run, e.g. 131k,262k (default all)")
-    p.add_argument("--grouped-heads", default="", metavar="HEADS",
+    p.add_argument("--grouped-heads", default="auto", metavar="HEADS",
                    help="split heads (e.g. 32k) whose two-level readings (<head>+groups) are "
-                        "served too, as the gateway's grouped_heads setting does")
+                        "served too, as the gateway's grouped_heads setting does (default "
+                        "auto: every split head's, as `serve` does; '' for none)")
     p.add_argument("--stock-vllm", action="store_true",
                    help="with --levels: also replay on stock vLLM at its defaults serving the "
                         "native head and the second largest head (their `export vllm "
@@ -62,7 +65,7 @@ def _run(args: argparse.Namespace) -> None:
 
     from heads.engine.cpu_linear import auto_compute_dtype
     from heads.model.weights import load_checkpoint
-    from router.simulate.traces import TRACES, day_phases, load_trace, phase_at
+    from router.simulate.traces import TEXT_TRACES, TRACES, day_phases, load_trace, phase_at
     from server.bench.replay.report import (
         language_table,
         language_targets,
@@ -81,12 +84,12 @@ def _run(args: argparse.Namespace) -> None:
     from server.settings import load_settings
 
     configure_logging("text", "INFO")
-    languages = args.trace in ("multilingual", "english")
+    languages = args.trace in TEXT_TRACES
     default = "lifecycle,lifecycle:blind" if languages else "lifecycle,cost"
     policies = [p.strip() for p in (args.policies or default).split(",") if p.strip()]
     if not policies or args.duration <= 0 or args.threads < 1 or args.rounds < 1:
         raise CliError("need at least one policy, --duration > 0, --threads >= 1, --rounds >= 1")
-    if args.trace in ("cpu-day", "multilingual", "english"):
+    if args.trace == "cpu-day" or args.trace in TEXT_TRACES:
         trace = TRACES[args.trace](args.duration, peak=args.peak)
         phases = day_phases(args.duration, peak=args.peak)
     elif args.trace in TRACES:
@@ -96,7 +99,9 @@ def _run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     ckpt = load_checkpoint(resolve_model_dir(args.model, load_settings(None).cache_dir),
                            compute_dtype=auto_compute_dtype())  # what `serve` runs
-    ckpt = ckpt.with_readings([h for h in args.grouped_heads.split(",") if h])
+    ckpt = ckpt.with_readings(sorted(ckpt.manifest.readings.values())
+                              if args.grouped_heads == "auto"
+                              else [h for h in args.grouped_heads.split(",") if h])
     if args.levels is not None:
         _run_levels(args, ckpt, policies, languages)
         return
@@ -194,6 +199,7 @@ def _run_levels(args: argparse.Namespace, ckpt, policies: list[str], languages: 
 
     lvls = asyncio.run(replay())
     router = next(p for p in policies if not p.endswith(":blind"))
+    second = second_largest(ckpt.manifest)
     text, _ = report(lvls, router, f"static:{largest}", args.trace == "english", args.trace,
-                     args.out)
+                     args.out, f"static:{second}" if second else None)
     print(text)

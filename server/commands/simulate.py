@@ -21,7 +21,7 @@ from kernels.devices import lookup_device
 from router.cost import AnalyticTimer
 from router.simulate.compare import POLICIES, Row, best_static, compare, write_csv
 from router.simulate.engine import Texts
-from router.simulate.traces import TRACES, SimRequest, load_trace
+from router.simulate.traces import TEXT_TRACES, TRACES, SimRequest, load_trace
 from router.step_time_file import read_step_samples, timer_from_file
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ def _texts(model: str) -> Texts:
 
 def run(args: argparse.Namespace) -> None:
     name, trace = _trace(args.trace, args.duration)
-    langs = args.trace in ("multilingual", "english") or any(r.lang != "en" for r in trace)
+    langs = args.trace in TEXT_TRACES or any(r.lang != "en" for r in trace)
     texts = _texts(args.model) if langs else None
     default = "lifecycle,lifecycle:blind" if langs else ",".join(POLICIES)
     policies = [p.strip() for p in (args.policies or default).split(",") if p.strip()]

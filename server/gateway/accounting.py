@@ -15,6 +15,19 @@ from server.ops.request_context import current_request_id
 from server.ops.tracing import NoTracing
 
 
+def _by_head(outcomes: list[Outcome], routed: str) -> dict[str, tuple[int, int]]:
+    """head -> (generated tokens, their text bytes); all on `routed` when no event named
+    its head (an unladdered request, or a backend that does not say)."""
+    out: dict[str, tuple[int, int]] = {}
+    for o in outcomes:
+        split = o.head_tokens or {routed: o.completion_tokens}
+        for h, n in split.items():
+            b = o.head_bytes.get(h, 0) if o.head_tokens else o.text_bytes
+            t0, b0 = out.get(h, (0, 0))
+            out[h] = (t0 + n, b0 + b)
+    return out
+
+
 class RequestAccounting:
     def __init__(self, metrics: Metrics, state: LiveState, manifest: Manifest,
                  tracing: NoTracing, prompt_bpb: PromptBpbConfig) -> None:
@@ -29,24 +42,28 @@ class RequestAccounting:
         m, head = self.metrics, plan.head
         m.requests.labels(plan.route, head, plan.decision.policy, status).inc()
         gen_tokens = sum(o.completion_tokens for o in outcomes)
-        gen_bytes = sum(o.text_bytes for o in outcomes)
         self.tracing.annotate(head=head, policy=plan.decision.policy,
                               request_id=current_request_id() or plan.request_id,
                               prompt_tokens=plan.prompt_tokens, completion_tokens=gen_tokens,
                               status=status)
+        # Generated text counts on the head that sampled it: a ladder may move a request.
+        by_head = _by_head(outcomes, head)
         m.tokens.labels(head, "prompt").inc(plan.prompt_tokens)
-        m.tokens.labels(head, "generated").inc(gen_tokens)
         m.bytes.labels(head, "prompt").inc(plan.prompt_bytes)
-        m.bytes.labels(head, "generated").inc(gen_bytes)
+        for h, (tokens, text_bytes) in by_head.items():
+            m.tokens.labels(h, "generated").inc(tokens)
+            m.bytes.labels(h, "generated").inc(text_bytes)
         firsts = [o.first_token_at for o in outcomes if o.first_token_at is not None]
         if firsts:
             m.ttft.labels(head).observe(min(firsts) - plan.started_at)
         m.e2e.labels(head).observe(time.perf_counter() - plan.started_at)
         self._choices(plan, outcomes)
-        # λ counts the text served; prompt and output bytes both pass through the head.
-        self.state.add_served(head, plan.prompt_bytes + gen_bytes, plan.prompt_tokens + gen_tokens)
-        if status == "200" and gen_tokens:  # what the head really packs for this script
-            self.state.add_output(head, plan.encoded.script, gen_bytes, gen_tokens)
+        # λ counts the text served; prompt and output bytes both pass through a head.
+        self.state.add_served(head, plan.prompt_bytes, plan.prompt_tokens)
+        for h, (tokens, text_bytes) in by_head.items():
+            self.state.add_served(h, text_bytes, tokens)
+            if status == "200" and tokens:  # what the head really packs for this script
+                self.state.add_output(h, plan.encoded.script, text_bytes, tokens)
         self._prompt_bpb(plan, outcomes)
 
     def _choices(self, plan: RequestPlan, outcomes: list[Outcome]) -> None:

@@ -53,6 +53,10 @@ class Outcome:
     # the moves up the ladder the engine made.
     prompt_losses: dict[str, float] | None = None
     moves: list[HeadMove] = field(default_factory=list)
+    # Generated tokens and text bytes by the head that sampled them (a ladder's moves split
+    # a request over several); empty until the first token.
+    head_tokens: dict[str, int] = field(default_factory=dict)
+    head_bytes: dict[str, int] = field(default_factory=dict)
 
 
 async def _timed(stream: AsyncIterator[TokenEvent], outcome: Outcome) -> AsyncIterator[TokenEvent]:
@@ -126,6 +130,10 @@ async def generate_text(
             lps = () if event.logprob is None or is_eos else (event.logprob,)
             tops = () if event.top is None or is_eos else (event.top,)
             outcome.text_bytes += len(text.encode())
+            sampled_by = event.head or request.head
+            outcome.head_tokens[sampled_by] = outcome.head_tokens.get(sampled_by, 0) + 1
+            outcome.head_bytes[sampled_by] = (outcome.head_bytes.get(sampled_by, 0)
+                                              + len(text.encode()))
             outcome.parts.append(text)
             if echo:
                 text, echo = echo + text, ""

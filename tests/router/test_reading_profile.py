@@ -90,3 +90,46 @@ def test_a_request_that_needs_every_logit_never_goes_to_a_reading() -> None:
                   {"name": "cost", "params": {}})
     assert cost.decide(dataclasses.replace(_features(202), needs_logits=True)).head != \
         "32k+groups"
+
+
+MID = _head("131k+groups", 131_072, bytes_per_token=4.6, group_rows=20.0, reads="131k")
+LADDERED = [SPLIT, READING, MID, NATIVE]
+
+
+def _measured(policy: dict, drained: str | None = None) -> Router:
+    router = Router(LADDERED, CPU, LiveState.for_profiles(LADDERED), policy,
+                    measured_readings=True)
+    if drained:
+        router.set_drained(drained, True)
+    return router
+
+
+def test_a_measured_reading_is_not_excluded_by_its_prediction_and_carries_its_ladder() -> None:
+    lifecycle = {"name": "lifecycle", "params": {"max_bpb_loss": 0.05}}
+    prose = _features(240)  # predicted +20% on the reading: past a 5% bound
+    predicted = Router(LADDERED, CPU, LiveState.for_profiles(LADDERED), lifecycle)
+    d = predicted.decide(prose)
+    assert d.head != "32k+groups" and d.ladder == ()
+    d = _measured(lifecycle).decide(prose)
+    assert d.head == "32k+groups", d.reason  # the cheapest head, measured by the engine
+    assert d.ladder == ("32k+groups", "131k+groups", "262k")
+    assert "ladder" in d.to_record() and d.to_record()["ladder"] == list(d.ladder)
+    # A drained rung is skipped; a pinned policy or a pinned request has no ladder.
+    assert _measured(lifecycle, "131k+groups").decide(prose).ladder == ("32k+groups", "262k")
+    pinned = _measured({"name": "pinned", "params": {"head": "32k+groups"}})
+    assert pinned.decide(prose).ladder == ()
+    request_pin = dataclasses.replace(prose, pinned_head="32k+groups")
+    assert _measured(lifecycle).decide(request_pin).ladder == ()
+
+
+def test_a_measured_readings_probes_and_prompt_measurement_are_priced() -> None:
+    probed = dataclasses.replace(READING, probe_rows=262_144 / 8, measure_rows=262_144)
+    plain = mixed_step_cost([Group(READING, 4, 100.0)], CPU)
+    with_probes = mixed_step_cost([Group(probed, 4, 100.0)], CPU)
+    # One shared read of an eighth of the native rows per step, whatever the batch.
+    assert (with_probes.unembed_s - plain.unembed_s) * CPU.mem_bw == pytest.approx(
+        262_144 / 8 * D * S)
+    from router.cost import AnalyticTimer, prefill_s
+    timer = AnalyticTimer(CPU)
+    assert prefill_s(probed, timer, 100) - prefill_s(READING, timer, 100) >= \
+        262_144 * D * S / CPU.mem_bw

@@ -4,6 +4,7 @@ names it, and /metrics shows what the engine measured and where it moved the req
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,3 +61,11 @@ def test_a_request_routed_to_a_reading_carries_its_ladder(served: Gateway) -> No
     for rung in laddered[0]["ladder"][:-1]:  # the prompt was measured on every reading
         assert f'polyhead_measured_prompt_loss_count{{head="{rung}"}}' in metrics
     assert "# TYPE polyhead_head_moves_total counter" in metrics
+    # A request moved up at its prefill generated every token on the head it moved to, and
+    # that is where its generated tokens count.
+    moved = re.findall(r'polyhead_head_moves_total\{from_head="([^"]+)",source="prompt",'
+                       r'to_head="([^"]+)"\} ([0-9.]+)', metrics)
+    assert moved  # the tiny readings lose more than 5% on these prompts
+    for _, to_head, _ in moved:
+        line = f'polyhead_tokens_total{{direction="generated",head="{to_head}"}} '
+        assert line in metrics and not metrics.split(line)[1].startswith("0"), to_head

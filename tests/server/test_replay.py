@@ -151,3 +151,40 @@ def test_stock_vllm_replays_the_same_requests_on_the_native_head(tiny_model_dir:
     text, checks = report([lv], "lifecycle", "static:8k", False, "multilingual", tmp_path)
     assert [c for c in checks if "stock-vllm:8k's in-flight s/MB" in c[0]]
     assert "stock-vllm:8k" in text
+
+
+def test_laddered_requests_replay_with_their_moves_and_each_token_scored_on_its_head(
+        tiny_model_dir: Path) -> None:
+    import math
+
+    from server.bench.replay.level_run import replay_levels
+
+    ckpt = load_checkpoint(tiny_model_dir, compute_dtype="float32").with_readings(["1k", "4k"])
+    trace = [SimRequest(0.0, 120 + 10 * i, 60, 10, "en") for i in range(4)]
+    [lv] = asyncio.run(replay_levels(ckpt, trace, ["lifecycle"], [2], ReplayConfig(
+        max_num_seqs=4, kv_cache_mb=8, poll_s=0.02, probe_every=1), rounds=1))
+    res = lv.rows[0].real
+    laddered = [s for s in res.served if s.spans]
+    # Before any measured step the analytic cost puts a reading first: it is laddered, and
+    # its spans name the rungs that sampled its tokens (a prefill move leaves one span).
+    assert laddered
+    assert all({h for _, h in s.spans} <= {"1k+groups", "4k+groups", "8k"} for s in laddered)
+    assert all(s.head == s.spans[-1][1] and s.spans[0][0] == 0 for s in laddered)
+    assert sum(res.head_tokens.values()) == sum(s.tokens for s in res.served)
+    assert all(math.isfinite(b) and b > 0 for b in res.bpb)
+
+
+def test_served_bpb_reads_each_token_under_the_head_that_served_it() -> None:
+    import types
+
+    import torch
+
+    from server.bench.replay.runner import Replayer, Served
+
+    bits = {(0, "a"): (torch.tensor([1.0, 1.0, 1.0, 1.0], dtype=torch.float64), 8),
+            (0, "b"): (torch.tensor([3.0, 3.0, 3.0, 3.0], dtype=torch.float64), 8)}
+    fake = types.SimpleNamespace(_bits=bits)
+    moved = Served(0, "en", "b", 4, 8, None, None, 0.1, ((0, "a"), (1, "b")))
+    assert Replayer.served_bpb(fake, moved) == pytest.approx((1 + 3 * 3) / 8)  # type: ignore[arg-type]
+    plain = Served(0, "en", "a", 4, 8, None, None, 0.1)
+    assert Replayer.served_bpb(fake, plain) == pytest.approx(4 / 8)  # type: ignore[arg-type]

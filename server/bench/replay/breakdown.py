@@ -1,6 +1,8 @@
 """Where a replayed run's time went, per label: prefill steps, decode steps, prompt scoring
-(inside the prefill steps), host overhead (requests in flight but no step running: routing,
-tokenizing, detokenizing, the event loop) and idle (nothing in flight).
+(inside the prefill steps), measuring (the measured quality control's prompt measurement and
+decode probes, inside prefill and decode steps), host overhead (requests in flight but no
+step running: routing, tokenizing, detokenizing, the event loop) and idle (nothing in
+flight).
 
 The cost a label is charged (device-s per output MB) is prefill + decode; each is shown per
 output MB too, with the decode step's mean time and batch, so a head whose decode step is
@@ -18,8 +20,9 @@ from server.bench.replay.runner import ReplayResult
 def parts(res: ReplayResult) -> dict[str, float]:
     """Seconds per part; they sum to the run's wall time (up to timer rounding)."""
     busy = res.prefill_s + res.decode_s
-    return {"prefill": res.prefill_s - res.score_s, "scoring": res.score_s,
-            "decode": res.decode_s, "overhead": max(0.0, res.inflight_s - busy),
+    return {"prefill": res.prefill_s - res.score_s - res.measure_s, "scoring": res.score_s,
+            "measuring": res.measure_s + res.probe_s, "decode": res.decode_s - res.probe_s,
+            "overhead": max(0.0, res.inflight_s - busy),
             "idle": max(0.0, res.wall_s - res.inflight_s)}
 
 

@@ -45,7 +45,8 @@ async def replay_levels(ckpt: Checkpoint, trace: Sequence[SimRequest], labels: S
                         stock: Mapping[str, Backend] | None = None) -> list[Level]:
     """`labels`: policies, `static:<head>` and `stock-vllm:<head>` (served by `stock[head]`);
     each runs `rounds` times per level."""
-    profiles = head_profiles(ckpt.manifest, ckpt.model.dtype_name)  # priced as the engine runs
+    profiles = head_profiles(ckpt.manifest, ckpt.model.dtype_name,  # priced as the engine runs
+                             probe_every=cfg.probe_every if cfg.measured_quality else None)
     device = device_spec("auto")
     heads = [p.name for p in profiles]
 
@@ -74,8 +75,8 @@ async def replay_levels(ckpt: Checkpoint, trace: Sequence[SimRequest], labels: S
                              res.result.cost_s_per_mb, levels.inflight_cost(res),
                              res.mean_batch, res.wall_s)
         every = [res for by in runs.values() for rs in by.values() for res in rs]
-        pairs = {(s.index, s.head) for res in every for s in res.served
-                 if s.index % score_stride == 0}
+        pairs = {(s.index, h) for res in every for s in res.served
+                 if s.index % score_stride == 0 for h in s.heads}
         log.info("scoring %d (request, head) continuations", len(pairs))
         replayer.score(trace, pairs)
         for res in every:
@@ -92,9 +93,11 @@ async def replay_levels(ckpt: Checkpoint, trace: Sequence[SimRequest], labels: S
 
 
 def report(lvls: Sequence[Level], router: str, largest: str, english_only: bool,
-           trace_name: str, out_dir: Path) -> tuple[str, list[tuple[str, bool, str]]]:
+           trace_name: str, out_dir: Path, english_ref: str | None = None
+           ) -> tuple[str, list[tuple[str, bool, str]]]:
     """Each level's table, breakdown and targets as text; writes a PNG per level and one
-    JSON. Returns (text, every target checked)."""
+    JSON. Returns (text, every target checked). `english_ref`: on the mixed trace, the
+    static label the router's English prose BPB is held to."""
     out_dir.mkdir(parents=True, exist_ok=True)
     checks: list[tuple[str, bool, str]] = []
     dump: list[dict] = []
@@ -110,7 +113,9 @@ def report(lvls: Sequence[Level], router: str, largest: str, english_only: bool,
         add("\ndevice time by part (s, share of wall), per output MB (vs "
               f"{largest}: prefill/decode), decode step:")
         add(breakdown.table([r for r in lv.rows if not levels.is_stock(r.policy)], largest))
-        lv_checks = levels.targets(pts, router, largest, lv.name, n, english_only, low, high)
+        mixed = english_ref if trace_name == "mixed" else None
+        lv_checks = levels.targets(pts, router, largest, lv.name, n, english_only, low, high,
+                                   mixed)
         for name, met, detail in lv_checks:
             add(f"  {'MET' if met else 'MISSED'} {name}: {detail}")
         checks += lv_checks

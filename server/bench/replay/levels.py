@@ -28,6 +28,8 @@ BPB_BOUND = 1.05  # "served BPB within 5% of static:262k's"
 LOW_COST_VS_STATIC = 0.95  # multilingual, low load: router <= this × the cheapest in-bound head
 COST_VS_STATIC = 1.00  # English-only every level, and high load: router <= this × ...
 COST_VS_STOCK = 0.85  # low load: router's in-flight s/MB <= this × stock vLLM's
+MIXED_COST_VS_STATIC = 0.90  # mixed trace, every level: router <= this × the cheapest in-bound
+ENGLISH_VS_131K = 1.02  # mixed trace: the router's English prose BPB <= this × static:131k's
 STOCK_PREFIX = "stock-vllm:"
 
 
@@ -108,9 +110,32 @@ def _within(p: Point, ref: Point) -> bool:
         p.bpb_non_en, ref.bpb_non_en, BPB_BOUND - 1)
 
 
+def mixed_targets(pts: Sequence[Point], router: str, largest: str, level: str,
+                  english_ref: str | None) -> list[tuple[str, bool, str]]:
+    """The mixed trace's cost and quality targets at one level (dominance is `targets`')."""
+    by = {p.label: p for p in pts}
+    me, ref = by[router], by[largest]
+    inside = [p for p in pts if p.label.startswith("static:") and _within(p, ref)]
+    cheapest = min(inside, key=lambda p: p.cost)
+    ratio, mine_inside = me.cost / cheapest.cost, _within(me, ref)
+    out = [(f"{level}: {router} <= {MIXED_COST_VS_STATIC:.2f}x the cheapest static head "
+            f"within 5% of {largest}'s BPB ({cheapest.label}), its own BPB inside",
+            ratio <= MIXED_COST_VS_STATIC and mine_inside,
+            f"{me.cost:.4g} vs {cheapest.cost:.4g} s/MB ({ratio:.3f}x); router BPB "
+            f"{'inside' if mine_inside else 'outside'} the 5%")]
+    if english_ref in by:
+        en = me.bpb_en / by[english_ref].bpb_en
+        out.append((f"{level}: {router}'s English prose BPB <= {ENGLISH_VS_131K:.2f}x "
+                    f"{english_ref}'s", en <= ENGLISH_VS_131K,
+                    f"{me.bpb_en:.4f} vs {by[english_ref].bpb_en:.4f} ({en:.4f}x)"))
+    return out
+
+
 def targets(pts: Sequence[Point], router: str, largest: str, level: str, n: Noise,
-            english_only: bool, low: bool, high: bool) -> list[tuple[str, bool, str]]:
-    """(target, met, detail) of one level, as the issue states them."""
+            english_only: bool, low: bool, high: bool, mixed: str | None = None
+            ) -> list[tuple[str, bool, str]]:
+    """(target, met, detail) of one level, as the issue states them. `mixed`: the mixed
+    trace's targets, English judged against this static label."""
     by = {p.label: p for p in pts}
     me, ref = by[router], by[largest]
     statics = [p for p in pts if p.label.startswith("static:")]
@@ -120,6 +145,8 @@ def targets(pts: Sequence[Point], router: str, largest: str, level: str, n: Nois
     out = [(f"{level}: {router} not dominated by a static head", not dom,
             (f"dominated by {', '.join(dom)}" if dom else "no static head is as cheap and "
              "as good") + f"; {noise_note}")]
+    if mixed is not None:
+        return out + mixed_targets(pts, router, largest, level, mixed)
     inside = [p for p in statics if _within(p, ref)]
     mine_inside = _within(me, ref)
     if english_only or low:

@@ -1,6 +1,7 @@
 """Prompt text for replayed requests: slices of committed held-out samples, so every head
 tokenizes the same bytes (the trace gives sizes in bytes, not tokens). English comes from a
-Wikipedia sample; other languages from heads/data/multilingual."""
+Wikipedia sample; other languages from heads/data/multilingual; code and documentation from
+heads.corpus.content."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import bisect
 from collections.abc import Iterable
 from functools import cache
 
+from heads.corpus.content import CONTENT_CLASSES, content_text
 from heads.corpus.languages import sample
 from heads.data.files import WIKI_SAMPLE_B
 from heads.vocab.prompt_encoder import PromptEncoder
@@ -18,8 +20,10 @@ SPACED_SEARCH = 64  # characters to look ahead for a word start
 
 
 class PromptText:
-    def __init__(self, text: str | None = None) -> None:
-        self._text = " ".join((text or SAMPLE.read_text()).split())  # one line, no runs
+    def __init__(self, text: str | None = None, keep_whitespace: bool = False) -> None:
+        raw = text or SAMPLE.read_text()
+        # Prose becomes one line with no runs; code keeps its lines and indentation.
+        self._text = raw if keep_whitespace else " ".join(raw.split())
         # _ends[i]: UTF-8 bytes of _text[:i + 1], to cut by bytes at character boundaries.
         ends, total = [], 0
         for ch in self._text:
@@ -58,6 +62,9 @@ class PromptText:
 
 @cache
 def for_language(lang: str) -> PromptText:
+    """A language's held-out sample, or a content class's text (heads.corpus.content)."""
+    if lang in CONTENT_CLASSES:
+        return PromptText(content_text(lang), keep_whitespace=True)
     return PromptText() if lang == "en" else PromptText(sample(lang))
 
 

@@ -38,10 +38,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from heads.engine.config import EngineConfig
 from heads.engine.grouped_reading import GroupedReading
 from heads.engine.llm_engine import LocalEngine
-from heads.engine.types import NO_LOGIT_RULES, GenerationRequest, LogitRules, StepTiming
+from heads.engine.types import (
+    NO_LOGIT_RULES,
+    GenerationRequest,
+    LogitRules,
+    QualityLadder,
+    StepTiming,
+    TokenEvent,
+)
 from heads.model.weights import Checkpoint
 from heads.vocab.prompt_encoder import PromptEncoder
 from kernels.row_params import RowParams
@@ -54,7 +63,7 @@ from router.state import LiveState
 from router.step_time_fit import FittedStepTimer, StepSample
 from server.backends.base import Backend
 from server.bench.replay.prompts import for_language
-from server.bench.replay.quality import continuation_bits
+from server.bench.replay.quality import continuation_token_bits
 from server.gateway.prompt_bpb import PromptBpbConfig
 
 log = logging.getLogger(__name__)
@@ -68,6 +77,10 @@ class ReplayConfig:
     batch_window_s: float = 5.0  # live-B smoothing, as the gateway's default
     poll_s: float = 0.1  # step timings are drained and stamped with trace time this often
     prompt_bpb: PromptBpbConfig = PromptBpbConfig()  # which prompts the engine scores
+    # As the gateway's quality_control=measured: readings laddered by measured loss.
+    measured_quality: bool = True
+    positions: int = 64  # the gateway's quality_positions
+    probe_every: int = 8  # and quality_probe_every
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +89,19 @@ class Served:
 
     index: int  # position in the trace
     lang: str
-    head: str
+    head: str  # the head routed to; the last one when a ladder moved the request
     tokens: int  # output tokens decoded
     text_bytes: int  # UTF-8 bytes of their text
     predicted_bpt: float | None  # the router's output bytes/token prediction on `head`
     prompt_bpt: float | None  # the prompt's own bytes/token on `head`
     latency_s: float
+    # A laddered request's heads: (first output token on it, head), in order; () unladdered.
+    spans: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def heads(self) -> set[str]:
+        """The heads whose scores its served quality reads."""
+        return {h for _, h in self.spans} or {self.head}
 
 
 @dataclass(slots=True)
@@ -101,6 +121,8 @@ class ReplayResult:
     decode_rows: int = 0  # Σ rows over decode steps: ÷ decode steps = mean running batch
     decode_step_count: int = 0
     score_s: float = 0.0  # prompt scoring (inside prefill steps)
+    measure_s: float = 0.0  # measured quality control's prompt measurement (inside prefill)
+    probe_s: float = 0.0  # and its decode probes (inside decode steps)
     wall_s: float = 0.0  # first request sent to last one finished
     inflight_s: float = 0.0  # wall time with at least one request in flight
     head_decode: dict[str, tuple[float, int]] = field(default_factory=dict)  # s, rows
@@ -134,7 +156,8 @@ class Replayer:
             max_num_batched_tokens=4096), readings=GroupedReading.served(ckpt))
         self.encoder = PromptEncoder(ckpt.tokenizers,
                                      {h.name: h.bos_token_id for h in ckpt.manifest.heads})
-        self._bits: dict[tuple[int, str], tuple[float, int]] = {}  # (index, head) -> bits, B
+        # (index, head) -> (bits per continuation token [n], continuation bytes)
+        self._bits: dict[tuple[int, str], tuple[torch.Tensor, int]] = {}
 
     @property
     def kv_tokens(self) -> int:
@@ -153,15 +176,17 @@ class Replayer:
         await self.engine.shutdown()
 
     async def _generate(self, head: str, ids: list[int], n: int, score: bool = False,
-                        positions: int = 0, backend: Backend | None = None) -> list[int]:
+                        positions: int = 0, backend: Backend | None = None,
+                        ladder: QualityLadder | None = None) -> list[TokenEvent]:
         # The local engine has no stop ids here, so it decodes n tokens; another backend may
         # stop at the model's EOS unless held to n by min_tokens.
         req = GenerationRequest(f"replay-{time.perf_counter_ns()}", head, tuple(ids), n,
                                 RowParams(temperature=0.0), frozenset(),
                                 score_prompt=score, score_positions=positions,
-                                rules=LogitRules(min_tokens=n) if backend else NO_LOGIT_RULES)
+                                rules=LogitRules(min_tokens=n) if backend else NO_LOGIT_RULES,
+                                ladder=ladder)
         events = (backend or self.engine).generate(req)
-        return [e.token_id async for e in events]
+        return [e async for e in events]
 
     def texts(self, r: SimRequest, index: int) -> tuple[str, str]:
         return for_language(r.lang).pair(r.prompt_bytes, r.output_bytes, index)
@@ -176,12 +201,14 @@ class Replayer:
         timer = self.new_timer()
         state = LiveState.for_profiles(profiles, self.cfg.batch_window_s)
         state.set_lambda_forecast(self.cfg.lambda_forecast)
-        router = Router(profiles, timer.device, state, policy_doc, timer=timer)
+        router = Router(profiles, timer.device, state, policy_doc, timer=timer,
+                        measured_readings=self.cfg.measured_quality and backend is None)
         out = ReplayResult(SimResult(label, requests=dict.fromkeys(self.profiles, 0)),
                            head_tokens=dict.fromkeys(self.profiles, 0),
                            head_bytes=dict.fromkeys(self.profiles, 0))
         spans: list[tuple[float, float]] = []  # (sent, finished) per request, trace time
         score0 = self.engine.prompt_score_seconds()
+        measure0, probe0 = self.engine.quality_seconds()
         t0 = time.perf_counter()
         clock = lambda: time.perf_counter() - t0  # noqa: E731 - trace time, s
 
@@ -213,24 +240,35 @@ class Replayer:
             scored, positions = self.cfg.prompt_bpb.request(None, random.Random(index))
             scored = (scored and backend is None  # stock serving scores nothing
                       and self.ckpt.manifest.head(d.head).reads is None)  # as the gateway
-            out_ids = await self._generate(d.head, list(enc.heads[d.head].ids[0]), n,
-                                           scored, positions, backend)
-            text = len(self.ckpt.tokenizers[d.head].decode(out_ids).encode())
+            bound = router.quality_bound
+            ladder = (QualityLadder(d.ladder, bound, positions=self.cfg.positions,
+                                    probe_every=self.cfg.probe_every)
+                      if d.ladder and bound is not None else None)
+            events = await self._generate(d.head, list(enc.heads[d.head].ids[0]), n,
+                                          scored, positions, backend, ladder)
+            out_ids = [e.token_id for e in events]
+            tok = self.ckpt.tokenizers[d.head]  # every rung of a ladder spells native ids
+            text = len(tok.decode(out_ids).encode())
             spans.append((sent, clock()))
             latency = clock() - sent
             out.result.latencies.append(latency)
             out.result.output_bytes += text
-            out.result.requests[d.head] += 1
-            out.head_tokens[d.head] += len(out_ids)
-            out.head_bytes[d.head] += text
+            heads = [e.head or d.head for e in events]
+            final = heads[-1] if heads else d.head
+            out.result.requests[final] += 1
+            for h in set(heads):  # tokens and their bytes, to the head that sampled them
+                mine = [t for t, x in zip(out_ids, heads, strict=True) if x == h]
+                out.head_tokens[h] += len(mine)
+                out.head_bytes[h] += round(text * len(mine) / len(out_ids))
             state.add_served(d.head, enc.prompt_bytes + text,
                              enc.heads[d.head].tokens + len(out_ids))
             if out_ids:
                 state.add_output(d.head, enc.script, text, len(out_ids))
             seen = d.request.get("heads", {}).get(d.head, {})
-            return Served(index, r.lang, d.head, len(out_ids), text,
+            return Served(index, r.lang, final, len(out_ids), text,
                           seen.get("predicted_bytes_per_token"),
-                          seen.get("prompt_bytes_per_token"), latency)
+                          seen.get("prompt_bytes_per_token"), latency,
+                          _spans(heads) if ladder is not None else ())
 
         async def client(r: SimRequest, index: int) -> Served:
             async with slots:  # FIFO: requests go out in trace order
@@ -252,20 +290,30 @@ class Replayer:
             poller.cancel()
         drain()
         out.score_s = self.engine.prompt_score_seconds() - score0
+        measure1, probe1 = self.engine.quality_seconds()
+        out.measure_s, out.probe_s = measure1 - measure0, probe1 - probe0
         out.wall_s = max(end for _, end in spans) - min(start for start, _ in spans)
         out.inflight_s = _union(spans)
         return out
 
     def score(self, trace: Sequence[SimRequest], pairs: set[tuple[int, str]]) -> None:
-        """Bits of each (request, head)'s continuation given its prompt, cached."""
+        """Bits of each continuation token of each (request, head), given its prompt, cached."""
         for index, head in sorted(pairs - set(self._bits)):
             prompt, continuation = self.texts(trace[index], index)
-            self._bits[index, head] = (continuation_bits(self.ckpt, head, prompt, continuation),
-                                       len(continuation.encode()))
+            self._bits[index, head] = (
+                continuation_token_bits(self.ckpt, head, prompt, continuation),
+                len(continuation.encode()))
 
     def served_bpb(self, served: Served) -> float:
-        bits, n = self._bits[served.index, served.head]
-        return bits / n if n else math.nan
+        """Each continuation token scored under the head that served its position; past the
+        output, under the last head (a ladder's rungs spell the same native tokens)."""
+        spans = served.spans or ((0, served.head),)
+        n = self._bits[served.index, spans[0][1]][1]
+        total = 0.0
+        for (start, head), nxt in zip(spans, (*spans[1:], (None, "")), strict=True):
+            bits = self._bits[served.index, head][0]
+            total += float(bits[start:nxt[0]].sum())
+        return total / n if n else math.nan
 
 
 def _account(out: ReplayResult, t: StepTiming, regime: str, timer: StepTimer) -> None:
@@ -291,6 +339,11 @@ def _account(out: ReplayResult, t: StepTiming, regime: str, timer: StepTimer) ->
         out.decode_steps.append(sample)
         if isinstance(timer, FittedStepTimer):  # live calibration, as the gateway does
             timer.record(sample)
+
+
+def _spans(heads: Sequence[str]) -> tuple[tuple[int, str], ...]:
+    """(first token index, head) of each run of one head in a request's output."""
+    return tuple((i, h) for i, h in enumerate(heads) if i == 0 or heads[i - 1] != h)
 
 
 def _union(spans: Sequence[tuple[float, float]]) -> float:

@@ -42,7 +42,8 @@ async def replay_all(ckpt: Checkpoint, trace: Sequence[SimRequest], policies: Se
     trace (the same ones for every label). `concurrency`: closed loop at that many requests
     in flight (Replayer.run). `statics`: the static heads to run (default every head).
     `simulate`: also the simulator's prediction (open loop only)."""
-    profiles = head_profiles(ckpt.manifest, ckpt.model.dtype_name)  # priced as the engine runs
+    profiles = head_profiles(ckpt.manifest, ckpt.model.dtype_name,  # priced as the engine runs
+                             probe_every=cfg.probe_every if cfg.measured_quality else None)
     device = device_spec("auto")
     heads = [p.name for p in profiles]
     static = list(heads if statics is None else statics)
@@ -69,8 +70,9 @@ async def replay_all(ckpt: Checkpoint, trace: Sequence[SimRequest], policies: Se
         real = {label: sorted(rs, key=lambda r: r.result.cost_s_per_mb)[len(rs) // 2]
                 for label, rs in runs.items()}
         if score:  # after the timed runs, so scoring never competes with them for the CPU
-            replayer.score(trace, {(s.index, s.head) for rs in runs.values() for res in rs
-                                   for s in res.served if s.index % score_stride == 0})
+            replayer.score(trace, {(s.index, h) for rs in runs.values() for res in rs
+                                   for s in res.served if s.index % score_stride == 0
+                                   for h in s.heads})
             for res in (res for rs in runs.values() for res in rs):
                 res.bpb = [replayer.served_bpb(s) if s.index % score_stride == 0 else math.nan
                            for s in res.served]
