@@ -96,8 +96,9 @@ class Extensions:
     @property
     def needs_logits(self) -> bool:
         """Whether serving this needs every id's logit, which a two-level reading lacks."""
-        return (self.structured is not None or self.rules.shapes or self.top_logprobs > 0
-                or self.engine_prompt_logprobs is not None)
+        # bad_words are spelled on the chosen head later (rules_on): not yet in `rules`.
+        return (self.structured is not None or self.rules.shapes or bool(self.bad_words)
+                or self.top_logprobs > 0 or self.engine_prompt_logprobs is not None)
 
     @property
     def min_vocab(self) -> int:

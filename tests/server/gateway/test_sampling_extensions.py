@@ -108,3 +108,11 @@ def test_include_stop_str_keeps_the_matched_stop():
     assert m.feed("abc E") + m.feed("ND tail") == "abc END"
     m = StopStringMatcher(["END"])
     assert m.feed("abc E") + m.feed("ND tail") == "abc "
+
+
+def test_every_logit_rule_needs_every_logit_bad_words_included():
+    # bad_words are spelled on the chosen head only after routing, so they are not in the
+    # rules yet: the router must still keep such a request off a two-level reading.
+    assert not Extensions().needs_logits
+    assert Extensions(bad_words=("the",)).needs_logits
+    assert Extensions(rules=LogitRules(min_p=0.1)).needs_logits
