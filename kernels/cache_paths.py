@@ -45,3 +45,7 @@ def corpus_dir(root: Path | None = None) -> Path:
 
 def calibration_dir(root: Path | None = None) -> Path:
     return (root or cache_root()) / "calibration"
+
+
+def native_dir(root: Path | None = None) -> Path:
+    return (root or cache_root()) / "native"

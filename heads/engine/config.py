@@ -30,6 +30,10 @@ class EngineConfig:
     # weights (heads.engine.cpu_linear, kernels.packed_rows); faster decode, a second copy of
     # the projections and of the largest head's rows.
     cpu_packed_weights: bool = True
+    # CPU: run a Gemma-3 backbone's norms, RoPE, KV write and decode attention through the
+    # fused C++ ops (heads.model.native), built for this machine on first use; the eager ops
+    # run where they cannot be built.
+    cpu_fused_ops: bool = True
     # The step thread flushes denormal floats to zero (x86 FTZ/DAZ, this thread only). The
     # demo's residual stream holds denormals: a [4, 640] residual add took 55 us instead of
     # 2.6 us with them. Values below 1.2e-38 become 0, far inside any tolerance here.

@@ -27,6 +27,7 @@ from heads.engine.types import PromptScore, TokenLogprobs
 from heads.model.adapter import HeadOutput
 from heads.model.attention import AttentionMetadata, allocate_kv_cache, slots_for
 from heads.model.multi_head import MultiHeadModel
+from heads.model.native import build as native_build
 from kernels import nested
 from kernels.crossover_calibration import load_calibration
 from kernels.dispatch import batch_mode, device_spec, dtype_name, run_plan
@@ -62,6 +63,9 @@ class ModelRunner:
         if config.cpu_packed_weights and packing_available(self.device, model.dtype):
             log.info("packed %d backbone projections for oneDNN", pack_linears(model.backbone))
             self.packed_rows = _pack_heads(model)
+        if hasattr(model.backbone, "fused_ops"):
+            fused = config.cpu_fused_ops and self.device.type == "cpu" and native_build.load()
+            setattr(model.backbone, "fused_ops", fused)  # noqa: B010
         b = model.manifest.backbone
         self.layout = config.layout(b)
         self.pad = num_blocks  # the spare block (heads.engine.block_manager)

@@ -258,11 +258,25 @@ def paged_attention(
     k_cache, v_cache = kv
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     if meta.is_prefill:
-        prefix = None
-        if meta.cached_lens:
-            assert meta.block_tables is not None
-            prefix = _Prefix(k_cache, v_cache, meta.block_tables, meta.cached_lens)
-        return prefill_attention(q, k, v, meta.seq_lens, scale, window, prefix)
+        return paged_prefill_attention(q, k, v, meta, kv, scale, window)
     assert meta.block_tables is not None
     lmax, mask = meta.decode_mask(window)
     return decode_attention(q, k_cache, v_cache, meta.block_tables, lmax, mask, scale)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: AttentionMetadata,
+    kv: tuple[torch.Tensor, torch.Tensor],
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Prefill attention once this step's K/V are in the cache (their cached prefixes are
+    read from it). q: [T, H, Dh]; k, v: [T, n_kv, Dh] -> [T, H, Dh]"""
+    prefix = None
+    if meta.cached_lens:
+        assert meta.block_tables is not None
+        prefix = _Prefix(kv[0], kv[1], meta.block_tables, meta.cached_lens)
+    return prefill_attention(q, k, v, meta.seq_lens, scale, window, prefix)

@@ -36,6 +36,7 @@ from heads.model.attention import (
     paged_attention,
     per_layer,
 )
+from heads.model.gemma3_fused import fused_forward
 from heads.model.llama import GatedMLP, apply_rope, project
 
 log = logging.getLogger(__name__)
@@ -54,10 +55,9 @@ class GemmaRMSNorm(nn.Module):
         # Unlike Llama, the weight multiplies in fp32 before the cast back (as transformers
         # does): x * rsqrt(mean(x^2) + eps) * (1 + w), all in fp32. One fused op instead of
         # seven; this runs six times per layer and step.
-        return F.rms_norm(x.float(), (x.shape[-1],), self._one_plus_weight(), self.eps
-                          ).to(x.dtype)
+        return F.rms_norm(x.float(), (x.shape[-1],), self.scale(), self.eps).to(x.dtype)
 
-    def _one_plus_weight(self) -> torch.Tensor:
+    def scale(self) -> torch.Tensor:
         # -> [d] fp32. Cached for inference (decode calls this ~100 times per step) until the
         # weight is replaced or written; under autograd it is computed afresh.
         if not torch.is_inference_mode_enabled():
@@ -159,6 +159,21 @@ class Gemma3Backbone(nn.Module):
         self.register_buffer(
             "inv_freq_sliding", inv_frequencies(cfg.head_dim, local_theta, None), persistent=False
         )
+        # Set by the CPU engine once heads.model.native.build loaded the fused ops: inference
+        # (no autograd) then runs heads.model.gemma3_fused. Training always runs the eager ops.
+        self.fused_ops = False
+
+    def scale_embeddings(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, d] raw embedding rows -> a new [T, d] (bf16: the factor 25.298 rounds to 25.25)
+        return x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
+
+    def ropes(self, positions: torch.Tensor, dtype: torch.dtype
+              ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Layer kind -> its (cos, sin) [T, 1, Dh] for these positions."""
+        full: torch.Tensor = self.inv_freq_full  # type: ignore[assignment]  # buffers
+        sliding: torch.Tensor = self.inv_freq_sliding  # type: ignore[assignment]
+        return {FULL: self._rope(full, positions, dtype), SLIDING: self._rope(sliding, positions,
+                                                                              dtype)}
 
     def _rope(self, inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,11 +190,10 @@ class Gemma3Backbone(nn.Module):
         kv_cache: KVCache,
     ) -> torch.Tensor:
         # x: [T, d] raw embedding rows; positions: [T] int64 -> final-normed hidden states [T, d]
-        x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)  # bf16: 25.298 -> 25.25
-        full: torch.Tensor = self.inv_freq_full  # type: ignore[assignment]  # buffers
-        sliding: torch.Tensor = self.inv_freq_sliding  # type: ignore[assignment]
-        ropes = {FULL: self._rope(full, positions, x.dtype),
-                 SLIDING: self._rope(sliding, positions, x.dtype)}
+        if self.fused_ops and not torch.is_grad_enabled():
+            return fused_forward(self, x, positions, meta, kv_cache)
+        x = self.scale_embeddings(x)
+        ropes = self.ropes(positions, x.dtype)
         metas = per_layer(meta, len(self.layers))
         for layer, kind, m, kv in zip(self.layers, self.layer_types, metas, kv_cache, strict=True):
             cos, sin = ropes[kind]

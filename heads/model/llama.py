@@ -76,6 +76,17 @@ def project(module: nn.Module, group: str, x: torch.Tensor) -> tuple[torch.Tenso
     return tuple(getattr(module, name)(x) for name in names[group])
 
 
+def project_joined(module: nn.Module, group: str, x: torch.Tensor) -> torch.Tensor:
+    """The outputs of `module.FUSED_PROJECTIONS[group]` side by side, [T, sum(out)]: the fused
+    product's own output when there is one."""
+    fused: dict[str, nn.Module] = module.fused  # type: ignore[assignment]
+    product = fused.get(group)
+    if product is not None:
+        out: torch.Tensor = product(x)
+        return out
+    return torch.cat(project(module, group, x), dim=-1)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x: [T, heads, Dh]; cos, sin: [T, 1, Dh] in x's dtype
     half = x.shape[-1] // 2

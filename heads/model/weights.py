@@ -21,6 +21,7 @@ from heads.checkpoint import check_weights, load_tokenizers, validate_checkpoint
 from heads.errors import CheckpointError
 from heads.manifest import Manifest
 from heads.model.multi_head import MultiHeadModel
+from heads.model.native import build as native_build
 from heads.vocab.tokenizer import HeadTokenizer
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ def load_checkpoint(
             tensors[k] = f.get_tensor(k)
     tensors.update(load_adapter_tensors(directory, manifest, device))
     model = MultiHeadModel(manifest, tensors, compute_dtype)
+    if device == "cpu" and hasattr(model.backbone, "fused_ops"):
+        # Inference outside the engine (evaluation, scoring) computes as the engine serves.
+        setattr(model.backbone, "fused_ops", native_build.load())  # noqa: B010
     return Checkpoint(directory, manifest, model, tokenizers)
 
 

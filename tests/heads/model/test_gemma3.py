@@ -4,73 +4,27 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+from transformers import Gemma3ForCausalLM
 
 from heads.errors import CheckpointError
-from heads.manifest import BackboneConfig, HeadSpec, Manifest
+from heads.manifest import Manifest
 from heads.model.attention import AttentionMetadata, allocate_kv_cache
 from heads.model.multi_head import MultiHeadModel
+from tests.heads.model.tiny_gemma3 import (
+    LAYER_TYPES,
+    WINDOW,
+    V,
+    hf_model,
+    random_model,
+    tiny_manifest,
+)
 from tests.heads.paged_oracle import BLOCK, check_cached_prefix, check_prefill_and_decode
-
-V = 1000
-WINDOW = 5  # shorter than both prompts, so the sliding mask matters in prefill and decode
-LAYER_TYPES = ("sliding_attention", "sliding_attention", "full_attention", "sliding_attention")
-
-
-def _manifest(**overrides: object) -> Manifest:
-    fields = dict(
-        architecture="gemma3", hidden_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
-        head_dim=32, intermediate_size=192, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-        max_position_embeddings=256, sliding_window=WINDOW, layer_types=LAYER_TYPES,
-        rope_local_theta=10_000.0, rope_linear_factor=2.0, query_pre_attn_scalar=24.0,
-    )
-    fields.update(overrides)
-    backbone = BackboneConfig(**fields)  # type: ignore[arg-type]
-    head = HeadSpec(
-        name="1k", vocab_size=V, tokenizer="tok.json", embedding="matrices.shared",
-        unembedding="matrices.shared", bos_token_id=2, eos_token_ids=(1,), training_bytes=0,
-    )
-    return Manifest(model_name="tiny-gemma", dtype="float32", backbone=backbone, heads=(head,))
-
-
-def _hf_model(model: MultiHeadModel) -> Gemma3ForCausalLM:
-    b = model.manifest.backbone
-    cfg = Gemma3TextConfig(
-        vocab_size=V, hidden_size=b.hidden_size, intermediate_size=b.intermediate_size,
-        num_hidden_layers=b.num_layers, num_attention_heads=b.num_heads,
-        num_key_value_heads=b.num_kv_heads, head_dim=b.head_dim, rms_norm_eps=b.rms_norm_eps,
-        max_position_embeddings=b.max_position_embeddings, sliding_window=b.sliding_window,
-        layer_types=list(b.layer_types), query_pre_attn_scalar=int(b.query_pre_attn_scalar or 0),
-        rope_parameters={
-            "full_attention": {"rope_type": "linear", "rope_theta": b.rope_theta,
-                               "factor": b.rope_linear_factor},
-            "sliding_attention": {"rope_type": "default", "rope_theta": b.rope_local_theta},
-        },
-        tie_word_embeddings=True, attn_implementation="eager", pad_token_id=0,  # type: ignore[call-arg]
-    )
-    hf = Gemma3ForCausalLM(cfg).float().eval()
-    sd = {"model." + k.removeprefix("backbone."): v for k, v in model.state_dict_for_save().items()
-          if k.startswith("backbone.")}
-    sd["model.embed_tokens.weight"] = model.unembedding_rows("1k")
-    missing, unexpected = hf.load_state_dict(sd, strict=False)
-    assert not unexpected
-    assert set(missing) <= {"lm_head.weight"}  # tied to embed_tokens
-    return hf
 
 
 @pytest.fixture(scope="module")
 def models() -> tuple[MultiHeadModel, Gemma3ForCausalLM]:
-    model = MultiHeadModel.random(_manifest(), seed=0)
-    # Larger weights so attention is far from uniform and a RoPE or window bug would show; norm
-    # weights random so the (1 + w) convention is exercised.
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for p in model.backbone.parameters():
-            if p.dim() == 2:
-                p.mul_(4.0)
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-    return model, _hf_model(model)
+    model = random_model()
+    return model, hf_model(model)
 
 
 def test_prefill_and_decode_match_transformers(models) -> None:
@@ -87,7 +41,7 @@ def test_prefill_after_a_cached_prefix_matches_transformers(models) -> None:
 def test_window_changes_the_output(models) -> None:
     """Guards the test above: with a window wider than every sequence the logits differ."""
     model, _ = models
-    wide = MultiHeadModel(_manifest(sliding_window=64), model.state_dict_for_save())
+    wide = MultiHeadModel(tiny_manifest(sliding_window=64), model.state_dict_for_save())
     ids = torch.arange(11) * 7
     meta = AttentionMetadata.prefill([11], torch.arange(11))
     outs = []
@@ -101,20 +55,20 @@ def test_window_changes_the_output(models) -> None:
 
 
 def test_manifest_round_trip_and_validation() -> None:
-    m = _manifest()
+    m = tiny_manifest()
     again = Manifest.from_dict(__import__("json").loads(m.to_json()))
     assert again.backbone == m.backbone
     assert again.backbone.layer_types == LAYER_TYPES
     with pytest.raises(CheckpointError, match="layer_types"):
-        _manifest(layer_types=("sliding_attention",)).validate()
+        tiny_manifest(layer_types=("sliding_attention",)).validate()
     with pytest.raises(CheckpointError, match="sliding_window"):
-        _manifest(sliding_window=None).validate()
+        tiny_manifest(sliding_window=None).validate()
     with pytest.raises(CheckpointError, match="layer_types"):
         raw = __import__("json").loads(m.to_json())
         raw["backbone"]["layer_types"] = [1, 2, 3, 4]
         Manifest.from_dict(raw)
     with pytest.raises(CheckpointError, match="softcapping"):
-        MultiHeadModel.random(_manifest(final_logit_softcapping=30.0), seed=0)
+        MultiHeadModel.random(tiny_manifest(final_logit_softcapping=30.0), seed=0)
 
 
 def test_sliding_kv_groups_match_transformers(models) -> None:
