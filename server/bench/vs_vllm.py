@@ -39,7 +39,7 @@ BPB_SLACK = 0.05  # served BPB within 5% of the native head's
 
 @dataclass(frozen=True, slots=True)
 class Cell:
-    server: str  # "polyhead" | "stock" (native head) | "stock-<head>"
+    server: str  # "polyhead" | "polyhead:<head>" (pinned) | "stock" (native) | "stock-<head>"
     prompts: str
     concurrency: int
     completed: int
@@ -52,12 +52,13 @@ class Cell:
 
 
 def bench_serve(url: str, model: str, tokenizer: Path, prompts: Path, concurrency: int,
-                n: int, output_len: int, out: Path) -> dict:
-    """One `vllm bench serve` run (custom dataset, greedy, --ignore-eos); its result JSON."""
+                n: int, output_len: int, out: Path, endpoint: str = "/v1/completions") -> dict:
+    """One `vllm bench serve` run (custom dataset, greedy, --ignore-eos); its result JSON.
+    `endpoint`: polyhead's per-head route (/heads/<head>/v1/completions) pins a head."""
     out.mkdir(parents=True, exist_ok=True)
     name = f"c{concurrency}.json"
     cmd = [sys.executable, "-m", "server.bench.vllm_serve_bench", "--backend", "openai",
-           "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
+           "--base-url", url, "--endpoint", endpoint, "--model", model,
            "--tokenizer", str(tokenizer), "--dataset-name", "custom", "--dataset-path",
            str(prompts), "--custom-output-len", str(output_len), "--skip-chat-template",
            "--num-prompts", str(n), "--max-concurrency", str(concurrency), "--ignore-eos",
@@ -134,34 +135,42 @@ def served_bpb(manifest: Manifest, shares: dict[str, float]) -> float | None:
 
 
 def verdicts(cells: list[Cell], manifest: Manifest) -> list[str]:
+    """The router against every stock server; a pinned head against stock on that head
+    alone, at >= 1.00x (the same model both sides: what is left is the engine)."""
     native = manifest.native
     lines = []
     for p in cells:
-        if p.server != "polyhead":
+        if not p.server.startswith("polyhead"):
             continue
-        bpb = served_bpb(manifest, p.shares)
+        pinned = p.server.partition(":")[2]
+        shares = {pinned: 1.0} if pinned else p.shares
+        bpb = served_bpb(manifest, shares)
         within = bpb is not None and native.bpb is not None and \
             bpb <= native.bpb * (1 + BPB_SLACK)
         for c in cells:
-            if c.server == "polyhead" or c.prompts != p.prompts or \
+            if c.server.startswith("polyhead") or c.prompts != p.prompts or \
                     c.concurrency != p.concurrency:
                 continue
-            target = TARGET_RATIO if c.server == "stock" else TARGET_RATIO_SMALLER
+            same = c.server == ("stock" if pinned == native.name else f"stock-{pinned}")
+            if pinned and not same:
+                continue
+            target = TARGET_RATIO if c.server == "stock" and not pinned else TARGET_RATIO_SMALLER
             ratio = p.bytes_s / c.bytes_s if c.bytes_s else float("nan")
             met = ratio >= target and within
-            lines.append(f"{'MET' if met else 'MISSED'} {p.prompts} c={p.concurrency}: bytes/s "
-                         f"{ratio:.2f}x {c.server} (target >= {target}x), served BPB "
+            lines.append(f"{'MET' if met else 'MISSED'} {p.server} {p.prompts} "
+                         f"c={p.concurrency}: bytes/s {ratio:.2f}x {c.server} "
+                         f"(target >= {target}x), served BPB "
                          f"{'n/a' if bpb is None else f'{bpb:.4f}'} vs native {native.bpb} "
                          f"(within {BPB_SLACK:.0%}: {within})")
     return lines
 
 
 def table(cells: list[Cell]) -> str:
-    head = (f"{'prompts':<13}{'c':>4} {'server':<9}{'done':>5}{'fail':>5}{'tok/s':>8}"
+    head = (f"{'prompts':<13}{'c':>4} {'server':<15}{'done':>5}{'fail':>5}{'tok/s':>8}"
             f"{'bytes/s':>9}{'TTFT ms':>9}{'TPOT ms':>9}  shares")
     rows = [head]
     for c in cells:
-        rows.append(f"{c.prompts:<13}{c.concurrency:>4} {c.server:<9}{c.completed:>5}"
+        rows.append(f"{c.prompts:<13}{c.concurrency:>4} {c.server:<15}{c.completed:>5}"
                     f"{c.failed:>5}{c.tok_s:>8.1f}{c.bytes_s:>9.1f}{c.ttft_ms:>9.0f}"
                     f"{c.tpot_ms:>9.0f}  {json.dumps(c.shares) if c.shares else ''}")
     return "\n".join(rows)

@@ -17,9 +17,14 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--threads", type=int, default=1,
                    help="polyhead's torch threads (vLLM on CPU binds one OMP thread here)")
-    p.add_argument("--stock-heads", default="native,second",
+    p.add_argument("--stock-heads", default=None,
                    help="comma-separated heads stock vLLM serves, each from its own export: "
-                        "head names, 'native' and 'second' (the largest head below native)")
+                        "head names, 'native' and 'second' (the largest head below native); "
+                        "default native,second")
+    p.add_argument("--pin", default=None,
+                   help="serve every request on this head (polyhead's per-head route) instead "
+                        "of routing, against stock on that head's export alone (the default "
+                        "--stock-heads becomes this head)")
     p.add_argument("--out", type=Path, default=Path("bench-results/vs-vllm"))
     p.set_defaults(run=_run)
 
@@ -52,6 +57,16 @@ def _run(args: argparse.Namespace) -> None:
     sets = [s.strip() for s in args.prompts.split(",") if s.strip()]
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     logs, cells = logs_dir(), []
+    native = manifest.native.name
+    alias = {"native": native, "second": second_largest(manifest)}
+    label = "polyhead"
+    endpoint = "/v1/completions"
+    if args.pin:
+        pin = alias.get(args.pin, args.pin)
+        label, endpoint = f"polyhead:{pin}", f"/heads/{pin}/v1/completions"
+        # Tokens counted with the pinned head's own tokenizer, as stock on its export counts.
+        tokenizer = native_export(model_dir, manifest, settings.cache_dir, pin)
+    stock_heads = args.stock_heads or (args.pin if args.pin else "native,second")
     with gateway(str(model_dir), free_port(), logs / "polyhead.log",
                  POLYHEAD_TORCH_THREADS=str(args.threads),
                  POLYHEAD_CACHE_DIR=str(logs / "cache")) as url:
@@ -59,23 +74,22 @@ def _run(args: argparse.Namespace) -> None:
             for c in levels:
                 before = decisions(url)
                 r = bench_serve(url, manifest.model_name, tokenizer, PROMPT_SETS[name], c,
-                                args.num_prompts, args.output_len, args.out / "polyhead" / name)
-                cells.append(cell("polyhead", name, c, r, share_delta(before, decisions(url))))
-    native = manifest.native.name
-    alias = {"native": native, "second": second_largest(manifest)}
-    for head in [alias.get(h.strip(), h.strip()) for h in args.stock_heads.split(",")]:
+                                args.num_prompts, args.output_len, args.out / label / name,
+                                endpoint)
+                cells.append(cell(label, name, c, r, share_delta(before, decisions(url))))
+    for head in [alias.get(h.strip(), h.strip()) for h in stock_heads.split(",")]:
         if head is None:
             continue
-        label = "stock" if head == native else f"stock-{head}"
+        stock = "stock" if head == native else f"stock-{head}"
         export = native_export(model_dir, manifest, settings.cache_dir, head)
-        with stock_server(export, free_port(), logs / f"{label}.log") as url:
+        with stock_server(export, free_port(), logs / f"{stock}.log") as url:
             for name in sets:
                 for c in levels:
                     # Each export counts its own tokens; bytes/s, the compared unit, does not
                     # depend on the tokenizer.
                     r = bench_serve(url, "stock", export, PROMPT_SETS[name], c,
-                                    args.num_prompts, args.output_len, args.out / label / name)
-                    cells.append(cell(label, name, c, r, {}))
+                                    args.num_prompts, args.output_len, args.out / stock / name)
+                    cells.append(cell(stock, name, c, r, {}))
     lines = verdicts(cells, manifest)
     print(table(cells))
     print("\n".join(lines))
