@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import onednn_gemm
+
 log = logging.getLogger(__name__)
 
 _READ_BYTES = 512 << 20  # far past any last-level cache
 _GEMM = (512, 16384, 640)  # b, V, d: compute-bound for every dtype here (b FLOP/B >= 256)
-_PACK_HINT = 16  # as the engine packs (heads.engine.cpu_linear.PACK_HINT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +53,9 @@ def read_bandwidth(repeats: int = 3) -> float:
 
 
 def gemm_peak(dtype: torch.dtype, repeats: int = 3) -> float:
-    """FLOP/s of [512, 640] x [16384, 640]^T through a packed oneDNN product in `dtype` (the
-    CPU engine's path); a plain matmul where the CPU has no oneDNN path for the dtype."""
+    """FLOP/s of [512, 640] x [16384, 640]^T through a packed oneDNN product in `dtype` from
+    the provider the CPU engine takes (kernels.onednn_gemm); a plain matmul where the CPU has
+    no oneDNN path for the dtype."""
     b, v, d = _GEMM
     g = torch.Generator().manual_seed(0)
     h = torch.randn(b, d, generator=g).to(dtype)
@@ -62,9 +64,8 @@ def gemm_peak(dtype: torch.dtype, repeats: int = 3) -> float:
         dtype == torch.float32 or (dtype == torch.bfloat16
                                    and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())))
     if packable:
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, _PACK_HINT)
-        seconds = _best(lambda: torch.ops.mkldnn._linear_pointwise(
-            h, packed, None, "none", [], ""), repeats)
+        product = onednn_gemm.pack(w, onednn_gemm.resolve("auto", dtype))
+        seconds = _best(lambda: product(h), repeats)
     else:
         seconds = _best(lambda: h @ w.T, repeats)
     return 2 * b * v * d / seconds

@@ -23,12 +23,12 @@ from typing import Protocol
 
 import torch
 
+from kernels import onednn_gemm
 from kernels.errors import ShapeMismatch
 
 log = logging.getLogger(__name__)
 
 BLOCK_ROWS = 16384
-_HINT = 16  # oneDNN's batch-size hint for the blocked layout (see heads.engine.cpu_linear)
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
@@ -42,9 +42,9 @@ def packing_supported(weight: torch.Tensor) -> bool:
 class PackedRows:
     """Rows [V, d] (fp32 or bf16) as blocks of up to BLOCK_ROWS rows in oneDNN's layout."""
 
-    def __init__(self, blocks: list[torch.Tensor], sizes: list[int], d: int,
+    def __init__(self, blocks: list[onednn_gemm.Product], sizes: list[int], d: int,
                  block_rows: int = BLOCK_ROWS, dtype: torch.dtype = torch.float32) -> None:
-        self.blocks = blocks
+        self.blocks = blocks  # block j's product: h [b, d] -> [b, sizes[j]]
         self.sizes = sizes  # rows per block; all block_rows but the last
         self.block_rows = block_rows
         self.vocab = sum(sizes)
@@ -53,9 +53,7 @@ class PackedRows:
 
     def block_logits(self, h: torch.Tensor, j: int) -> torch.Tensor:
         # h: [b, d] any float dtype -> [b, sizes[j]] fp32, rows j * block_rows onwards
-        out = torch.ops.mkldnn._linear_pointwise(h.to(self.dtype), self.blocks[j], None, "none",
-                                                 [], "")
-        return out.float()
+        return self.blocks[j](h.to(self.dtype).contiguous()).float()
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         # [b, d] -> [b, V] fp32
@@ -72,9 +70,10 @@ class PackedRows:
 class RowPacker:
     """Packs heads' rows, sharing the blocks of rows that live at the same address."""
 
-    def __init__(self, block_rows: int = BLOCK_ROWS) -> None:
+    def __init__(self, block_rows: int = BLOCK_ROWS, provider: str = "torch") -> None:
         self.block_rows = block_rows
-        self._blocks: dict[tuple[int, int, int], torch.Tensor] = {}  # (address, rows, d) ->
+        self.provider = provider  # whose oneDNN product (kernels.onednn_gemm)
+        self._blocks: dict[tuple[int, int, int], onednn_gemm.Product] = {}  # (address, rows, d)
         self._bytes = 0
 
     def pack(self, weight: torch.Tensor) -> PackedRows:
@@ -87,8 +86,7 @@ class RowPacker:
             rows = weight[lo:lo + self.block_rows]
             key = (rows.data_ptr(), rows.shape[0], rows.shape[1])
             if key not in self._blocks:
-                self._blocks[key] = torch.ops.mkldnn._reorder_linear_weight(
-                    rows.detach().contiguous(), _HINT)
+                self._blocks[key] = onednn_gemm.pack(rows, self.provider)
                 self._bytes += rows.nbytes
             blocks.append(self._blocks[key])
             sizes.append(rows.shape[0])

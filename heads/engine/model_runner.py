@@ -28,7 +28,7 @@ from heads.model.adapter import HeadOutput
 from heads.model.attention import AttentionMetadata, allocate_kv_cache, slots_for
 from heads.model.multi_head import MultiHeadModel
 from heads.model.native import build as native_build
-from kernels import nested
+from kernels import nested, onednn_gemm
 from kernels.crossover_calibration import load_calibration
 from kernels.dispatch import batch_mode, device_spec, dtype_name, run_plan
 from kernels.nested_plan import GroupShape, effective_batch, plan_nested
@@ -61,8 +61,10 @@ class ModelRunner:
         self.flush_denormals = config.flush_denormals
         self.packed_rows: dict[str, PackedRows] = {}  # head -> its rows in oneDNN blocks
         if config.cpu_packed_weights and packing_available(self.device, model.dtype):
-            log.info("packed %d backbone projections for oneDNN", pack_linears(model.backbone))
-            self.packed_rows = _pack_heads(model)
+            provider = onednn_gemm.resolve(config.cpu_gemm, model.dtype)
+            log.info("packed %d backbone projections for %s's oneDNN",
+                     pack_linears(model.backbone, provider), provider)
+            self.packed_rows = _pack_heads(model, provider)
         if hasattr(model.backbone, "fused_ops"):
             fused = config.cpu_fused_ops and self.device.type == "cpu" and native_build.load()
             setattr(model.backbone, "fused_ops", fused)  # noqa: B010
@@ -310,8 +312,8 @@ class ModelRunner:
         return out
 
 
-def _pack_heads(model: MultiHeadModel) -> dict[str, PackedRows]:
-    packer = RowPacker()
+def _pack_heads(model: MultiHeadModel, provider: str) -> dict[str, PackedRows]:
+    packer = RowPacker(provider=provider)
     out: dict[str, PackedRows] = {}
     seen: dict[tuple, PackedRows] = {}  # the same rows (a reading's, an unadapted head's) once
     for head in model.heads:

