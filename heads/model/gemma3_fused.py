@@ -11,19 +11,16 @@ dispatches per layer where the eager forward makes about 50; the residual stream
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import Any
 
 import torch
 
 from heads.model.attention import KVCache, StepMetadata, paged_prefill_attention, per_layer
 from heads.model.llama import project_joined
 
-if TYPE_CHECKING:
-    from heads.model.gemma3 import Gemma3Backbone, Gemma3DecoderLayer, GemmaRMSNorm
-
 
 def fused_forward(
-    backbone: Gemma3Backbone,
+    backbone: Any,  # a heads.model.gemma3.Gemma3Backbone, whose forward calls this one
     x: torch.Tensor,
     positions: torch.Tensor,
     meta: StepMetadata,
@@ -34,9 +31,8 @@ def fused_forward(
     eps = backbone.config.rms_norm_eps
     residual = backbone.scale_embeddings(x)  # a fresh tensor: updated in place below
     ropes = backbone.ropes(positions, x.dtype)
-    layers = cast("list[Gemma3DecoderLayer]", list(backbone.layers))
-    next_norms: list[GemmaRMSNorm] = [layer.input_layernorm for layer in layers[1:]]
-    next_norms.append(backbone.norm)
+    layers = list(backbone.layers)
+    next_norms = [layer.input_layernorm for layer in layers[1:]] + [backbone.norm]
     metas = per_layer(meta, len(layers))
     t = x.shape[0]
     h = ops.rms_norm(residual, layers[0].input_layernorm.scale(), eps)
