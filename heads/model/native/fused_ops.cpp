@@ -64,37 +64,6 @@ inline float sum_squares(const T* x, int64_t n) {
   return s;
 }
 
-template <typename T>
-inline float dot(const float* q, const T* k, int64_t n) {
-  fVec a0(0.0f), a1(0.0f);  // two chains hide the FMA latency
-  int64_t i = 0;
-  for (; i + 2 * kVec <= n; i += 2 * kVec) {
-    a0 = at::vec::fmadd(fVec::loadu(q + i), load_f(k + i), a0);
-    a1 = at::vec::fmadd(fVec::loadu(q + i + kVec), load_f(k + i + kVec), a1);
-  }
-  for (; i + kVec <= n; i += kVec) a0 = at::vec::fmadd(fVec::loadu(q + i), load_f(k + i), a0);
-  float s = lane_sum(a0 + a1);
-  for (; i < n; ++i) s += q[i] * to_f(k[i]);
-  return s;
-}
-
-template <typename T>
-inline void to_float(const T* src, float* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + kVec <= n; i += kVec) load_f(src + i).store(dst + i);
-  for (; i < n; ++i) dst[i] = to_f(src[i]);
-}
-
-// acc[i] += w * v[i]
-template <typename T>
-inline void axpy(float* acc, float w, const T* v, int64_t n) {
-  const fVec wv(w);
-  int64_t i = 0;
-  for (; i + kVec <= n; i += kVec)
-    at::vec::fmadd(wv, load_f(v + i), fVec::loadu(acc + i)).store(acc + i);
-  for (; i < n; ++i) acc[i] += w * to_f(v[i]);
-}
-
 // Stores kVec values, rounded to T (round to nearest even, as torch's casts).
 inline void store_as(float* dst, const fVec& v) { v.store(dst); }
 inline void store_as(c10::BFloat16* dst, const fVec& v) {
