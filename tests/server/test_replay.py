@@ -157,21 +157,35 @@ def test_laddered_requests_replay_with_their_moves_and_each_token_scored_on_its_
         tiny_model_dir: Path) -> None:
     import math
 
-    from server.bench.replay.level_run import replay_levels
+    from server.bench.replay.runner import Replayer
 
     ckpt = load_checkpoint(tiny_model_dir, compute_dtype="float32").with_readings(["1k", "4k"])
     trace = [SimRequest(0.0, 120 + 10 * i, 60, 10, "en") for i in range(4)]
-    [lv] = asyncio.run(replay_levels(ckpt, trace, ["lifecycle"], [2], ReplayConfig(
-        max_num_seqs=4, kv_cache_mb=8, poll_s=0.02, probe_every=1), rounds=1))
-    res = lv.rows[0].real
-    laddered = [s for s in res.served if s.spans]
-    # Before any measured step the analytic cost puts a reading first: it is laddered, and
-    # its spans name the rungs that sampled its tokens (a prefill move leaves one span).
-    assert laddered
-    assert all({h for _, h in s.spans} <= {"1k+groups", "4k+groups", "8k"} for s in laddered)
-    assert all(s.head == s.spans[-1][1] and s.spans[0][0] == 0 for s in laddered)
+    cfg = ReplayConfig(max_num_seqs=4, kv_cache_mb=8, poll_s=0.02, probe_every=1)
+    profiles = head_profiles(ckpt.manifest, ckpt.model.dtype_name, probe_every=1)
+    # Every request sent to the cheapest reading under a quality bound: the router hands the
+    # engine a ladder for each (which head a cost policy picks depends on live timings).
+    doc = {"name": "weighted", "params": {"weights": {"1k+groups": 1}}}
+
+    async def run():
+        replayer = Replayer(ckpt, profiles, cfg,
+                            lambda: FittedStepTimer(device_spec("auto"), profiles))
+        await replayer.warm_up()
+        try:
+            res = await replayer.run(trace, doc, "weighted", lambda t: "all", 2)
+            replayer.score(trace, {(s.index, h) for s in res.served for h in s.heads})
+            return res, [replayer.served_bpb(s) for s in res.served]
+        finally:
+            await replayer.close()
+
+    res, bpb = asyncio.run(run())
+    # Each request's spans name the rungs that sampled its tokens, from its first token (a
+    # prefill move leaves one span, on the rung it moved to).
+    assert all(s.spans for s in res.served)
+    assert all({h for _, h in s.spans} <= {"1k+groups", "4k+groups", "8k"} for s in res.served)
+    assert all(s.head == s.spans[-1][1] and s.spans[0][0] == 0 for s in res.served)
     assert sum(res.head_tokens.values()) == sum(s.tokens for s in res.served)
-    assert all(math.isfinite(b) and b > 0 for b in res.bpb)
+    assert all(math.isfinite(b) and b > 0 for b in bpb)
 
 
 def test_served_bpb_reads_each_token_under_the_head_that_served_it() -> None:
