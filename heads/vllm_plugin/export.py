@@ -38,6 +38,7 @@ from heads.manifest import (
     LOWRANK_A,
     LOWRANK_B,
     BackboneConfig,
+    HeadSpec,
     Manifest,
     folded_rows_name,
 )
@@ -159,10 +160,32 @@ def _write_generation_config(out: Path, eos: list[int]) -> None:
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
 
 
+def _write_tokenizer(src: Path, out: Path, head: HeadSpec, chat_template: str | None) -> None:
+    """The head's tokenizer as stock vLLM reads it: `tokenizer.json` whose post-processor
+    prepends the head's BOS (the gateway prepends it to every prompt, and Gemma-style models
+    continue badly without it), and a `tokenizer_config.json` naming BOS and EOS (and the
+    model's chat template, where the checkpoint has one)."""
+    from tokenizers import Tokenizer, processors
+
+    tok = Tokenizer.from_file(str(src))
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
+                              "eos_token": tok.id_to_token(head.eos_token_ids[0]),
+                              "add_bos_token": head.bos_token_id is not None,
+                              "add_eos_token": False, "clean_up_tokenization_spaces": False}
+    if head.bos_token_id is not None:
+        bos = tok.id_to_token(head.bos_token_id)
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+            special_tokens=[(bos, head.bos_token_id)])
+        config["bos_token"] = bos
+    if chat_template:
+        config["chat_template"] = chat_template
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
 def export_vllm_per_head(checkpoint: Path, out: Path) -> dict[str, Path]:
     """The fallback: head name -> a stock model directory holding only that head."""
-    import shutil
-
     manifest = validate_checkpoint(checkpoint)
     tensors = load_file(str(checkpoint / manifest.weights))
     backbone = {"model." + k.removeprefix(BACKBONE_PREFIX): v
@@ -187,7 +210,7 @@ def export_vllm_per_head(checkpoint: Path, out: Path) -> dict[str, Path]:
         save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
         (d / "config.json").write_text(json.dumps(config, indent=2))
         _write_generation_config(d, list(h.eos_token_ids))
-        shutil.copy(checkpoint / h.tokenizer, d / "tokenizer.json")
+        _write_tokenizer(checkpoint / h.tokenizer, d, h, manifest.chat_template)
         dirs[h.name] = d
     log.info("exported %d single-head vLLM models under %s", len(dirs), out)
     return dirs

@@ -102,7 +102,8 @@ def native_export(model_dir: Path, manifest: Manifest, cache_dir: Path,
 
     name = head or manifest.native.name
     out = cache_dir / "exports" / f"{model_dir.name}-per-head"
-    if not (out / name / "config.json").is_file():
+    # An export without tokenizer_config.json predates the BOS-prepending tokenizer: redo it.
+    if not all((out / name / f).is_file() for f in ("config.json", "tokenizer_config.json")):
         export_vllm_per_head(model_dir, out)
     return out / name
 

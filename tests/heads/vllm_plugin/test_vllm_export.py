@@ -65,3 +65,29 @@ def test_per_head_export_is_a_stock_model_per_head(tiny_model_dir: Path, tmp_pat
     with safe_open(str(dirs["4k"] / "model.safetensors"), framework="pt") as f:
         assert f.get_slice("model.embed_tokens.weight").get_shape() == [4096, 128]
     assert (dirs["4k"] / "tokenizer.json").is_file()
+
+
+def test_per_head_tokenizer_encodes_prompts_as_the_gateway_does(tiny_model_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    """Stock vLLM tokenizes text prompts with the exported tokenizer (transformers'
+    AutoTokenizer): it must send the engine the ids the gateway sends, BOS first."""
+    from transformers import AutoTokenizer
+
+    from heads.model.weights import load_checkpoint
+    from heads.vocab.prompt_encoder import PromptEncoder
+
+    dirs = export_vllm_per_head(tiny_model_dir, tmp_path / "per-head")
+    manifest = Manifest.load(tiny_model_dir)
+    ckpt = load_checkpoint(tiny_model_dir, compute_dtype="float32")
+    encoder = PromptEncoder(ckpt.tokenizers, {h.name: h.bos_token_id for h in manifest.heads})
+    text = "The water buffalo, also called the domestic water buffalo, is a large bovine."
+    try:
+        for h in manifest.heads:
+            assert h.bos_token_id is not None
+            stock = AutoTokenizer.from_pretrained(str(dirs[h.name]))
+            ours = list(encoder.encode([text], False, [h.name]).heads[h.name].ids[0])
+            assert stock(text)["input_ids"] == ours and ours[0] == h.bos_token_id
+            assert stock.convert_tokens_to_ids(stock.eos_token) == h.eos_token_ids[0]
+            assert stock.chat_template == manifest.chat_template
+    finally:
+        encoder.close()
