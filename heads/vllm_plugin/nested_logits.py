@@ -79,7 +79,8 @@ def block_cuts(layout: VocabLayout) -> dict[int, list[int]]:
 
 
 class NestedLogits:
-    """`__call__(h [n, d], head [n]) -> logits [n, ΣV_h]`, -inf outside each row's head."""
+    """`__call__(h [n, d], head [n]) -> logits [n, ΣV_h]`, -inf outside each row's head
+    (fp32 in the buffer kept on CPU, else h's dtype)."""
 
     def __init__(self, layout: VocabLayout, matrices: list[torch.Tensor], gemm: Gemm,
                  prepare: Callable[[BlockRows], None],
@@ -107,19 +108,25 @@ class NestedLogits:
                 prepare(block)
         self.vocab = torch.tensor([h.vocab_size for h in layout.heads], dtype=torch.int64)
         self._buffer: torch.Tensor | None = None  # see _storage
+        self._finite: list[tuple[int, int]] = []  # per head, _buffer's rows that may be finite
 
     def __call__(self, h: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        if h.shape[0] == 0:
+        n = h.shape[0]
+        if n == 0:
             return h.new_empty((0, self.total))
         lo, hi = int(head.min()), int(head.max())
         present = {lo} if lo == hi else {int(i) for i in head.unique().tolist()}
-        out = self._storage(h)
-        if lo == hi:  # the blocks write the head's whole range: -inf only around it
-            spec = self.layout.heads[lo]
-            out[:, : spec.offset] = float("-inf")
-            out[:, spec.offset + spec.vocab_size:] = float("-inf")
-        else:
-            out.fill_(float("-inf"))
+        out, finite = self._storage(h)
+        # -inf in rows [0, n) wherever a row's head does not write: in every range that may
+        # hold finite values there, except a single head's own (its rows write it whole).
+        for i, (a, b) in enumerate(finite):
+            if present == {i}:
+                finite[i] = (0, max(b, n))
+                continue
+            if a < min(b, n):
+                spec = self.layout.heads[i]
+                out[a: min(b, n), spec.offset: spec.offset + spec.vocab_size] = float("-inf")
+            finite[i] = (0, max(b, n)) if i in present else (n, b) if b > n else (0, 0)
         for g in self.groups:
             members = [i for i in g.members if i in present]
             if not members:
@@ -131,24 +138,30 @@ class NestedLogits:
                 self._mixed(out, members, h, head, g)
         return out
 
-    def _storage(self, h: torch.Tensor) -> torch.Tensor:
-        """[n, ΣV_h] for this step's logits, every element written by the caller.
+    def _storage(self, h: torch.Tensor) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        """[n, ΣV_h] for this step's logits, and per head the rows [a, b) of its column range
+        that may hold finite values (the caller updates them for what it writes).
 
         On CPU a fresh ΣV-wide tensor is fresh pages from the OS every step (glibc hands
         blocks this large back at free): at n = 64 and ΣV = 425,984 (109 MB, fp32) the
-        first-touch page faults took 43 ms against 4 ms to fill a tensor already mapped;
-        reusing the buffer cut the 32k head's B = 64 decode step from 273 to 198 ms
-        (one thread). So decode-sized batches reuse one buffer; vLLM's
-        runner reads a step's logits (sampler, prompt logprobs) before it asks for the
-        next. Larger calls (prompt logprobs over a long prompt) are not kept; on a GPU the
-        caching allocator already reuses memory."""
+        first-touch page faults took 43 ms against 4 ms to fill a tensor already mapped.
+        So decode-sized batches on CPU reuse one buffer, kept in fp32, the dtype vLLM's
+        sampler converts logits to (a no-op then, where it would allocate 109 MB per step),
+        and only what earlier steps left finite is masked again: a batch that stays on one
+        head masks nothing. That holds because vLLM's runner reads a step's logits
+        (sampler, prompt logprobs) before it asks for the next, and what its sampler writes
+        in place keeps -inf where it was (masks write -inf; biases, penalties and
+        temperature add to or scale it). Larger calls (prompt logprobs over a long prompt)
+        are not kept; on a GPU the caching allocator already reuses memory."""
         n = h.shape[0]
         if h.device.type != "cpu" or n > REUSED_ROWS:
-            return h.new_empty((n, self.total))
+            return h.new_empty((n, self.total)), [(0, n)] * len(self.layout.heads)
         buf = self._buffer
-        if buf is None or buf.shape[0] < n or buf.dtype != h.dtype:
-            buf = self._buffer = h.new_empty((max(n, 64), self.total))
-        return buf[:n]
+        if buf is None or buf.shape[0] < n:
+            buf = self._buffer = torch.full((max(n, 64), self.total), float("-inf"),
+                                            dtype=torch.float32)
+            self._finite = [(0, 0)] * len(self.layout.heads)
+        return buf[:n], self._finite
 
     def _gemm(self, b: BlockRows, x: torch.Tensor) -> torch.Tensor:
         y = self.gemm(b, x, b.weight, None)  # [n, P]: this rank's piece of the block
@@ -190,4 +203,5 @@ class NestedLogits:
                 sel = (sub_head == i).nonzero(as_tuple=True)[0]
                 if sel.numel():
                     cols = slice(spec.offset + b.start, spec.offset + b.stop)
-                    out[rows[sub[sel]], cols] = self.finish(i, y[sel], b.start, b.stop)
+                    y_i = self.finish(i, y[sel], b.start, b.stop)
+                    out[rows[sub[sel]], cols] = y_i.to(out.dtype)  # index_put keeps no cast

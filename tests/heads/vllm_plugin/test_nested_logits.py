@@ -44,11 +44,11 @@ class _Ref:
              bias: object) -> torch.Tensor:
         assert x.is_contiguous() and w is layer.weight
         self.gemm_rows.append(w.shape[0])
-        return F.linear(x, w)
+        return F.linear(x.float(), w).to(x.dtype)  # in the activations' dtype, as vLLM's
 
     def adapt(self, i: int, h: torch.Tensor) -> torch.Tensor:
         assert i == 4
-        return h + (h @ self.down.T) @ self.up.T
+        return h + ((h.float() @ self.down.T) @ self.up.T).to(h.dtype)
 
     def finish(self, i: int, y: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         if i in self.bias:
@@ -106,29 +106,64 @@ def test_mixed_batches_equal_the_reference_and_read_each_block_once() -> None:
     assert ref.gemm_rows == [37, 64, 149]
 
 
+def _sampler_in_place(out: torch.Tensor, head: torch.Tensor, layout: VocabLayout) -> None:
+    """What vLLM's sampler may do to its logits in place: temperature scales every column,
+    a penalty or bias changes columns of the row's own head, masks write -inf anywhere."""
+    out.div_(0.7)
+    for r, i in enumerate(head.tolist()):
+        spec = layout.heads[i]
+        out[r, spec.offset: spec.offset + 2] += 3.0
+    out[:, -5:] = float("-inf")
+
+
 def test_steps_that_reuse_the_logits_buffer_leave_nothing_of_the_last_step() -> None:
-    """Decode-sized calls write into one kept buffer: a step after a wider, mixed or
-    other-head step still equals the reference everywhere (no stale logits, every -inf
-    rewritten); a call past REUSED_ROWS gets its own tensor."""
+    """Decode-sized calls on CPU write into one kept fp32 buffer and mask only the ranges the
+    last step left finite: a step after a wider, mixed or other-head step still equals the
+    reference everywhere (no stale logits, every -inf in place), after the sampler wrote into
+    the last step's logits; a call past REUSED_ROWS gets its own tensor."""
     ref = _Ref(_layout())
     nested = ref.nested()
     g = torch.Generator().manual_seed(4)
     steps = [torch.tensor([2, 0, 4, 1, 2, 3, 0, 2, 4, 1, 3]), torch.full((5,), 0),
-             torch.tensor([3, 1, 1]), torch.full((9,), 2), torch.tensor([4, 0]),
-             torch.full((11,), 4)]
+             torch.tensor([3, 1, 1]), torch.full((9,), 2), torch.full((9,), 2),
+             torch.tensor([4, 0]), torch.full((11,), 4), torch.full((11,), 1)]
     first = None
-    for head in steps:
+    for k, head in enumerate(steps):
         h = torch.randn(head.shape[0], D, generator=g)
+        if k % 2:  # bf16 activations (the plugin's default dtype): bf16 block products
+            h = h.to(torch.bfloat16)
         out = nested(h, head)
-        torch.testing.assert_close(out, ref.expected(h, head), **TOL)
+        assert out.dtype == torch.float32  # what vLLM's sampler computes in
+        tol = TOL if h.dtype == torch.float32 else {"rtol": 2e-2, "atol": 5e-2}
+        torch.testing.assert_close(out, ref.expected(h.float(), head), **tol)
         first = first if first is not None else out.data_ptr()
         assert out.data_ptr() == first  # the same storage, rewritten
-        out[:, :3] = 7.0  # a sampler may write into its logits in place
+        _sampler_in_place(out, head, ref.layout)
     n = REUSED_ROWS + 1
     h, head = torch.randn(n, D, generator=g), torch.full((n,), 1)
     big = nested(h, head)
     torch.testing.assert_close(big, ref.expected(h, head), **TOL)
     assert big.data_ptr() != first
+
+
+def test_a_batch_that_stays_on_one_head_masks_nothing_again() -> None:
+    """The kept buffer's other heads' ranges are -inf from the first step on: later steps on
+    the same head write only that head's columns (fewer bytes than the ΣV-wide row)."""
+    ref = _Ref(_layout())
+    nested = ref.nested()
+    h, head = torch.randn(6, D), torch.full((6,), 1)
+    nested(h, head)
+    spec = ref.layout.heads[1]
+    out = nested(h, head)
+    before = out.clone()
+    # Poison the other heads' ranges with a value no mask writes: a second step on the same
+    # head must leave them as they are (it does not re-mask them).
+    keep = torch.ones(ref.layout.total_vocab, dtype=torch.bool)
+    keep[spec.offset: spec.offset + spec.vocab_size] = False
+    out[:, keep] = -1e30
+    again = nested(h, head)
+    assert (again[:, keep] == -1e30).all()
+    torch.testing.assert_close(again[:, ~keep], before[:, ~keep])
 
 
 def test_empty_batch() -> None:
