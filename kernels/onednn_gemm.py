@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # torch loads with the first product: the engine's config imp
 
 log = logging.getLogger(__name__)
 
+GEMV_ROWS = 1  # products of at most this many rows stream through polyhead's bf16 GEMV
 TORCH_HINT = 16  # torch's batch-size hint for its blocked layout (8..128 were within noise)
 VLLM_HINT = 32  # the M hint stock vLLM packs its linears with
 PROVIDERS = ("auto", "torch", "vllm")
@@ -66,7 +67,9 @@ def resolve(provider: str, dtype: torch.dtype) -> str:
 
 def pack(weight: torch.Tensor, provider: str) -> Product:
     """weight [N, K] (contiguous rows) -> the product x -> x @ weight.T through `provider`
-    ("torch" or "vllm", as `resolve` returns). The packed copy is the product's own."""
+    ("torch" or "vllm", as `resolve` returns). The packed copy is the product's own. Where
+    polyhead's fused CPU ops are loaded with their AVX512-BF16 GEMV (heads.model.native), a
+    bf16 product of at most GEMV_ROWS rows reads a plain copy of the weight through it."""
     import torch
 
     weight = weight.detach().contiguous()
@@ -74,6 +77,24 @@ def pack(weight: torch.Tensor, provider: str) -> Product:
         ops = vllm_onednn()
         assert ops is not None
         handle = ops.create_onednn_mm(weight.t(), VLLM_HINT)  # type: ignore[attr-defined]
-        return lambda x: ops.onednn_mm(handle, x, None)  # type: ignore[attr-defined]
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, TORCH_HINT)
-    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+        product: Product = lambda x: ops.onednn_mm(handle, x, None)  # noqa: E731
+    else:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, TORCH_HINT)
+        product = lambda x: torch.ops.mkldnn._linear_pointwise(  # noqa: E731
+            x, packed, None, "none", [], "")
+    if weight.dtype != torch.bfloat16 or weight.shape[1] % 32 or not gemv_available():
+        return product
+    # B = 1 is a pure stream of the weight: oneDNN read [131072, 640] at 11.0-11.2 GB/s on
+    # one core of an AMX Xeon where this GEMV (software prefetch) read it at 13.2-13.6 and a
+    # plain sum at 13.7-14.3 (huge pages). From B = 4 oneDNN's blocked kernels win.
+    plain = weight.clone()  # [N, K], allocated with the packed copy (kernels.huge_pages)
+    gemv = torch.ops.polyhead.gemv_bf16
+    return lambda x: gemv(x.contiguous(), plain) if x.shape[0] <= GEMV_ROWS else product(x)
+
+
+def gemv_available() -> bool:
+    """Whether polyhead's fused CPU ops are loaded with the bf16 GEMV (built where the
+    compiler targets AVX512-BF16)."""
+    import torch
+
+    return hasattr(torch.ops.polyhead, "gemv_bf16")

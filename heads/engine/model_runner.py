@@ -60,15 +60,16 @@ class ModelRunner:
         model.to(self.device)
         self.flush_denormals = config.flush_denormals
         before = huge_pages.mappings()  # what appears from here on: packed weights, KV cache
+        # Loaded before packing: the packed products take its GEMV (kernels.onednn_gemm).
+        fused = config.cpu_fused_ops and self.device.type == "cpu" and native_build.load()
+        if hasattr(model.backbone, "fused_ops"):
+            setattr(model.backbone, "fused_ops", fused)  # noqa: B010
         self.packed_rows: dict[str, PackedRows] = {}  # head -> its rows in oneDNN blocks
         if config.cpu_packed_weights and packing_available(self.device, model.dtype):
             provider = onednn_gemm.resolve(config.cpu_gemm, model.dtype)
             log.info("packed %d backbone projections for %s's oneDNN",
                      pack_linears(model.backbone, provider), provider)
             self.packed_rows = _pack_heads(model, provider)
-        if hasattr(model.backbone, "fused_ops"):
-            fused = config.cpu_fused_ops and self.device.type == "cpu" and native_build.load()
-            setattr(model.backbone, "fused_ops", fused)  # noqa: B010
         b = model.manifest.backbone
         self.layout = config.layout(b)
         self.pad = num_blocks  # the spare block (heads.engine.block_manager)

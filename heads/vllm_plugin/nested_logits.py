@@ -24,7 +24,7 @@ import torch
 
 from heads.vllm_plugin.layout import VocabLayout
 
-REUSED_ROWS = 256  # calls of at most this many rows write into one kept buffer (_storage)
+REUSED_ROWS = 256  # calls of at most this many rows write into one kept buffer (_kept)
 Gemm = Callable[..., torch.Tensor]  # vLLM's (layer, x [n, d], weight [V, d], bias) -> [n, V]
 
 
@@ -107,8 +107,8 @@ class NestedLogits:
             for block in self.blocks[m]:
                 prepare(block)
         self.vocab = torch.tensor([h.vocab_size for h in layout.heads], dtype=torch.int64)
-        self._buffer: torch.Tensor | None = None  # see _storage
-        self._finite: list[tuple[int, int]] = []  # per head, _buffer's rows that may be finite
+        self._buffer: torch.Tensor | None = None  # see _kept
+        self._row_head = torch.empty(0, dtype=torch.int64)  # per _buffer row, see _kept
 
     def __call__(self, h: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
         n = h.shape[0]
@@ -116,17 +116,16 @@ class NestedLogits:
             return h.new_empty((0, self.total))
         lo, hi = int(head.min()), int(head.max())
         present = {lo} if lo == hi else {int(i) for i in head.unique().tolist()}
-        out, finite = self._storage(h)
-        # -inf in rows [0, n) wherever a row's head does not write: in every range that may
-        # hold finite values there, except a single head's own (its rows write it whole).
-        for i, (a, b) in enumerate(finite):
-            if present == {i}:
-                finite[i] = (0, max(b, n))
-                continue
-            if a < min(b, n):
-                spec = self.layout.heads[i]
-                out[a: min(b, n), spec.offset: spec.offset + spec.vocab_size] = float("-inf")
-            finite[i] = (0, max(b, n)) if i in present else (n, b) if b > n else (0, 0)
+        out = self._kept(n) if h.device.type == "cpu" and n <= REUSED_ROWS else None
+        if out is not None:
+            self._mask_stale(out, head)
+        elif lo == hi:  # a fresh tensor: the head's blocks write its range, -inf around it
+            out = h.new_empty((n, self.total))
+            spec = self.layout.heads[lo]
+            out[:, : spec.offset] = float("-inf")
+            out[:, spec.offset + spec.vocab_size:] = float("-inf")
+        else:
+            out = h.new_full((n, self.total), float("-inf"))
         for g in self.groups:
             members = [i for i in g.members if i in present]
             if not members:
@@ -138,30 +137,39 @@ class NestedLogits:
                 self._mixed(out, members, h, head, g)
         return out
 
-    def _storage(self, h: torch.Tensor) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-        """[n, ΣV_h] for this step's logits, and per head the rows [a, b) of its column range
-        that may hold finite values (the caller updates them for what it writes).
+    def _kept(self, n: int) -> torch.Tensor:
+        """Rows [0, n) of the kept logits buffer, [n, ΣV_h] fp32.
 
         On CPU a fresh ΣV-wide tensor is fresh pages from the OS every step (glibc hands
         blocks this large back at free): at n = 64 and ΣV = 425,984 (109 MB, fp32) the
         first-touch page faults took 43 ms against 4 ms to fill a tensor already mapped.
         So decode-sized batches on CPU reuse one buffer, kept in fp32, the dtype vLLM's
-        sampler converts logits to (a no-op then, where it would allocate 109 MB per step),
-        and only what earlier steps left finite is masked again: a batch that stays on one
-        head masks nothing. That holds because vLLM's runner reads a step's logits
-        (sampler, prompt logprobs) before it asks for the next, and what its sampler writes
-        in place keeps -inf where it was (masks write -inf; biases, penalties and
-        temperature add to or scale it). Larger calls (prompt logprobs over a long prompt)
-        are not kept; on a GPU the caching allocator already reuses memory."""
-        n = h.shape[0]
-        if h.device.type != "cpu" or n > REUSED_ROWS:
-            return h.new_empty((n, self.total)), [(0, n)] * len(self.layout.heads)
+        sampler converts logits to (a no-op then, where it would allocate 109 MB per step).
+        It starts -inf, and each row remembers the one head whose range it may hold finite
+        values in (`_row_head`): a row is masked again only when its head changes, so a
+        batch that keeps its rows on their heads writes nothing but their logits. That
+        holds because vLLM's runner reads a step's logits (sampler, prompt logprobs) before
+        it asks for the next, and what its sampler writes in place keeps -inf where it was
+        (masks write -inf; biases, penalties and temperature add to or scale it). Larger
+        calls (prompt logprobs over a long prompt) are not kept; on a GPU the caching
+        allocator already reuses memory."""
         buf = self._buffer
         if buf is None or buf.shape[0] < n:
-            buf = self._buffer = torch.full((max(n, 64), self.total), float("-inf"),
-                                            dtype=torch.float32)
-            self._finite = [(0, 0)] * len(self.layout.heads)
-        return buf[:n], self._finite
+            rows = max(n, 64)
+            buf = self._buffer = torch.full((rows, self.total), float("-inf"))
+            self._row_head = torch.full((rows,), -1, dtype=torch.int64)  # -1: all -inf
+        return buf[:n]
+
+    def _mask_stale(self, out: torch.Tensor, head: torch.Tensor) -> None:
+        """-inf over each row's previous head's range where the row changes head."""
+        old = self._row_head[: out.shape[0]]
+        stale = (old >= 0) & (old != head.cpu())
+        if bool(stale.any()):
+            for i in old[stale].unique().tolist():
+                spec = self.layout.heads[i]
+                rows = (stale & (old == i)).nonzero(as_tuple=True)[0]
+                out[rows, spec.offset: spec.offset + spec.vocab_size] = float("-inf")
+        old.copy_(head)
 
     def _gemm(self, b: BlockRows, x: torch.Tensor) -> torch.Tensor:
         y = self.gemm(b, x, b.weight, None)  # [n, P]: this rank's piece of the block

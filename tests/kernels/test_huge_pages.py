@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from pathlib import Path
@@ -44,19 +45,23 @@ def test_mappings_parses_anonymous_writable_ones(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not huge_pages.available(), reason="transparent huge pages are off here")
-def test_a_new_resident_tensor_moves_onto_huge_pages_intact() -> None:
-    before = huge_pages.mappings()
-    x = torch.arange(12 << 20, dtype=torch.float32)  # 48 MiB, written: resident
-    new = huge_pages.mappings() - before
+def test_a_new_resident_mapping_moves_onto_huge_pages_intact() -> None:
+    # Mapped here, so it is a new mapping whatever malloc did before (written: resident).
+    size = 48 << 20
+    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    x = torch.frombuffer(region, dtype=torch.float32)
+    x.copy_(torch.arange(size // 4, dtype=torch.float32))
     start = x.data_ptr()
-    assert any(lo <= start < hi for lo, hi in new)
+    new = {(lo, hi) for lo, hi in huge_pages.mappings() if lo <= start < hi}
+    assert new
     done = huge_pages.back(new)
     if _kernel() < (6, 1):
         pytest.skip("MADV_COLLAPSE needs Linux 6.1")
-    assert done >= x.nbytes - 2 * huge_pages.HUGE_PAGE
-    # Every whole 2 MiB page inside the tensor is a huge page now, and its values are kept.
-    assert _huge_bytes(start, start + x.nbytes) >= x.nbytes - 2 * huge_pages.HUGE_PAGE
-    assert torch.equal(x, torch.arange(12 << 20, dtype=torch.float32))
+    # Every whole 2 MiB page inside it is a huge page now, and its values are kept.
+    assert done >= size - 2 * huge_pages.HUGE_PAGE
+    assert _huge_bytes(start, start + size) >= size - 2 * huge_pages.HUGE_PAGE
+    assert torch.equal(x, torch.arange(size // 4, dtype=torch.float32))
+    del x
 
 
 def test_nothing_to_back_is_a_no_op() -> None:

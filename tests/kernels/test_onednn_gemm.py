@@ -56,3 +56,21 @@ def test_resolve() -> None:
             onednn_gemm.resolve("vllm", torch.bfloat16)
     with pytest.raises(ValueError, match="provider"):
         onednn_gemm.resolve("mkl", torch.bfloat16)
+
+
+def test_one_row_products_stream_through_the_gemv_where_it_is_built() -> None:
+    """With polyhead's fused ops loaded, a bf16 product of GEMV_ROWS rows is the GEMV's (same
+    bits), and a wider one stays oneDNN's."""
+    from heads.model.native import build
+
+    if not build.load() or not onednn_gemm.gemv_available():
+        pytest.skip("no AVX512-BF16 GEMV on this CPU")
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(1001, 640, generator=gen).to(torch.bfloat16)
+    product = onednn_gemm.pack(w, "torch")
+    x = torch.randn(4, 640, generator=gen).to(torch.bfloat16)
+    one = x[:onednn_gemm.GEMV_ROWS]
+    assert torch.equal(product(one), torch.ops.polyhead.gemv_bf16(one, w))
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, onednn_gemm.TORCH_HINT)
+    assert torch.equal(product(x), torch.ops.mkldnn._linear_pointwise(x, packed, None, "none",
+                                                                      [], ""))

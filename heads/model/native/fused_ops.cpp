@@ -25,6 +25,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 using fVec = at::vec::Vectorized<float>;
@@ -485,6 +489,66 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   return out;
 }
 
+#if defined(__AVX512BF16__)
+// out[b, n] = x[b, :] . w[n, :] for B <= 4 rows of x: bf16 in, fp32 sums (AVX512-BF16 dot
+// products), rounded to bf16 once. For B = 1 the product is a pure stream of w; oneDNN's
+// kernels read it at about 11 GB/s on one core here where a plain read reaches 14, and the
+// software prefetch PREFETCH_BYTES ahead of each of the four rows in flight closes that gap.
+constexpr int64_t PREFETCH_BYTES = 8192;
+
+template <int B>
+void gemv_rows(const c10::BFloat16* x, const c10::BFloat16* w, c10::BFloat16* out, int64_t n0,
+               int64_t n1, int64_t k, int64_t n_total) {
+  const int64_t chunks = k / 32;  // 32 bf16 per 512-bit load
+  const char* wb = reinterpret_cast<const char*>(w);
+  for (int64_t n = n0; n < n1; n += 4) {
+    const int rows = static_cast<int>(std::min<int64_t>(4, n1 - n));
+    __m512 acc[4][B];
+    for (int r = 0; r < 4; ++r)
+      for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+      for (int r = 0; r < 4; ++r)
+        _mm_prefetch(wb + ((n + r) * k + c * 32) * 2 + PREFETCH_BYTES, _MM_HINT_T0);
+      __m512bh xv[B];
+      for (int b = 0; b < B; ++b)
+        xv[b] = (__m512bh)_mm512_loadu_si512(x + b * k + c * 32);
+      for (int r = 0; r < rows; ++r) {
+        const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + (n + r) * k + c * 32);
+        for (int b = 0; b < B; ++b) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], wv, xv[b]);
+      }
+    }
+    for (int r = 0; r < rows; ++r)
+      for (int b = 0; b < B; ++b)
+        out[b * n_total + n + r] = c10::BFloat16(_mm512_reduce_add_ps(acc[r][b]));
+  }
+}
+
+at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16,
+              "gemv_bf16: bf16 only");
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.dim() == 2 && w.dim() == 2 &&
+                  x.size(1) == w.size(1) && x.size(1) % 32 == 0 && x.size(0) <= 4,
+              "gemv_bf16: x [B <= 4, K] and w [N, K], contiguous, K a multiple of 32");
+  const int64_t b = x.size(0), k = x.size(1), n = w.size(0);
+  at::Tensor out = at::empty({b, n}, x.options());
+  if (b == 0 || n == 0) return out;
+  const auto* xp = x.data_ptr<c10::BFloat16>();
+  const auto* wp = w.data_ptr<c10::BFloat16>();
+  auto* op = out.data_ptr<c10::BFloat16>();
+  const int64_t quads = (n + 3) / 4;
+  at::parallel_for(0, quads, 64, [&](int64_t q0, int64_t q1) {
+    const int64_t n0 = q0 * 4, n1 = std::min(n, q1 * 4);
+    switch (b) {
+      case 1: gemv_rows<1>(xp, wp, op, n0, n1, k, n); break;
+      case 2: gemv_rows<2>(xp, wp, op, n0, n1, k, n); break;
+      case 3: gemv_rows<3>(xp, wp, op, n0, n1, k, n); break;
+      default: gemv_rows<4>(xp, wp, op, n0, n1, k, n); break;
+    }
+  });
+  return out;
+}
+#endif  // __AVX512BF16__
+
 }  // namespace
 
 TORCH_LIBRARY(polyhead, m) {
@@ -500,6 +564,9 @@ TORCH_LIBRARY(polyhead, m) {
   m.def(
       "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor context_lens, int window, float scale) -> Tensor");
+#if defined(__AVX512BF16__)
+  m.def("gemv_bf16(Tensor x, Tensor w) -> Tensor");
+#endif
 }
 
 TORCH_LIBRARY_IMPL(polyhead, CPU, m) {
@@ -508,4 +575,7 @@ TORCH_LIBRARY_IMPL(polyhead, CPU, m) {
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("qk_norm_rope", &qk_norm_rope);
   m.impl("paged_decode_attention", &paged_decode_attention);
+#if defined(__AVX512BF16__)
+  m.impl("gemv_bf16", &gemv_bf16);
+#endif
 }

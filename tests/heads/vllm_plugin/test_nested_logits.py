@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -146,24 +147,31 @@ def test_steps_that_reuse_the_logits_buffer_leave_nothing_of_the_last_step() -> 
     assert big.data_ptr() != first
 
 
-def test_a_batch_that_stays_on_one_head_masks_nothing_again() -> None:
-    """The kept buffer's other heads' ranges are -inf from the first step on: later steps on
-    the same head write only that head's columns (fewer bytes than the ΣV-wide row)."""
+@pytest.mark.parametrize("heads", [[1] * 6, [2, 0, 1, 2, 3, 4]])
+def test_rows_that_stay_on_their_heads_are_not_masked_again(heads: list[int]) -> None:
+    """The kept buffer's rows are -inf outside their heads' ranges from their first step on:
+    a later step with every row on the same head writes only those ranges (one head, or a
+    mixed batch)."""
     ref = _Ref(_layout())
     nested = ref.nested()
-    h, head = torch.randn(6, D), torch.full((6,), 1)
-    nested(h, head)
-    spec = ref.layout.heads[1]
+    h, head = torch.randn(len(heads), D), torch.tensor(heads)
+    before = nested(h, head).clone()
+    own = torch.zeros(before.shape, dtype=torch.bool)
+    for r, i in enumerate(heads):
+        spec = ref.layout.heads[i]
+        own[r, spec.offset: spec.offset + spec.vocab_size] = True
+    # Poison the other ranges with a value no mask writes: the next step must leave them.
     out = nested(h, head)
-    before = out.clone()
-    # Poison the other heads' ranges with a value no mask writes: a second step on the same
-    # head must leave them as they are (it does not re-mask them).
-    keep = torch.ones(ref.layout.total_vocab, dtype=torch.bool)
-    keep[spec.offset: spec.offset + spec.vocab_size] = False
-    out[:, keep] = -1e30
+    out[~own] = -1e30
     again = nested(h, head)
-    assert (again[:, keep] == -1e30).all()
-    torch.testing.assert_close(again[:, ~keep], before[:, ~keep])
+    assert (again[~own] == -1e30).all()
+    torch.testing.assert_close(again[own], before[own])
+    # A row that changes head is masked again where it was.
+    fresh = ref.nested()
+    _sampler_in_place(fresh(h, head), head, ref.layout)
+    moved = head.clone()
+    moved[0] = 3 if heads[0] != 3 else 0
+    torch.testing.assert_close(fresh(h, moved), ref.expected(h, moved), **TOL)
 
 
 def test_empty_batch() -> None:

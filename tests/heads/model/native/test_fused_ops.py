@@ -165,6 +165,42 @@ def test_bad_inputs_are_refused(ops) -> None:
         ops.paged_decode_attention(q, cache, cache, torch.tensor([[2]]), torch.tensor([3]), 0, 1.0)
 
 
+def _has_gemv(ops: object) -> bool:
+    return hasattr(ops, "gemv_bf16")
+
+
+def _cpu_has_avx512_bf16() -> bool:
+    return "avx512_bf16" in build.cpu_flags().split()
+
+
+@pytest.mark.parametrize("b", [1, 2, 3, 4])
+@pytest.mark.parametrize("n,k", [(1, 32), (3, 64), (37, 640), (1001, 2048), (16387, 640)])
+def test_gemv_bf16(ops, b, n, k) -> None:
+    """The streaming GEMV against the fp32 product of the same bf16 inputs: both sum in fp32
+    (in different orders) and round once, so within one bf16 ulp of the value, plus the fp32
+    summation noise where terms cancel (about k x 2^-24 of the terms' size)."""
+    if not _has_gemv(ops):
+        assert not _cpu_has_avx512_bf16(), "built for an AVX512-BF16 CPU without its GEMV"
+        pytest.skip("no AVX512-BF16 on this CPU")
+    gen = torch.Generator().manual_seed(n * k + b)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    x = torch.randn(b, k, generator=gen).to(torch.bfloat16)
+    got = ops.gemv_bf16(x, w)
+    want = x.float() @ w.float().T
+    assert got.dtype == torch.bfloat16 and got.shape == (b, n)
+    torch.testing.assert_close(got.float(), want, rtol=BF16_ULP, atol=k * 2.0**-20)
+
+
+def test_gemv_bf16_refuses_what_it_cannot_stream(ops) -> None:
+    if not _has_gemv(ops):
+        pytest.skip("no AVX512-BF16 on this CPU")
+    w = torch.randn(8, 64).to(torch.bfloat16)
+    for x in (torch.randn(5, 64).to(torch.bfloat16), torch.randn(1, 64),
+              torch.randn(1, 48).to(torch.bfloat16)):
+        with pytest.raises(RuntimeError, match="gemv_bf16"):
+            ops.gemv_bf16(x, w if x.shape[1] == 64 else w[:, :48].contiguous())
+
+
 def test_the_build_is_keyed_by_source_and_machine() -> None:
     key = build.build_key()
     assert len(key) == 16 and key == build.build_key()
