@@ -47,7 +47,7 @@ def available() -> bool:
 def mappings(min_bytes: int = MIN_BYTES, maps: Path = Path("/proc/self/maps")) -> set[Mapping]:
     """This process's anonymous private writable mappings (the heap included) of at least
     `min_bytes`."""
-    out = set()
+    out: set[Mapping] = set()
     try:
         lines = maps.read_text().splitlines()
     except OSError:

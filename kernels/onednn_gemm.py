@@ -77,7 +77,7 @@ def pack(weight: torch.Tensor, provider: str) -> Product:
         ops = vllm_onednn()
         assert ops is not None
         handle = ops.create_onednn_mm(weight.t(), VLLM_HINT)  # type: ignore[attr-defined]
-        product: Product = lambda x: ops.onednn_mm(handle, x, None)  # noqa: E731
+        product: Product = lambda x: ops.onednn_mm(handle, x, None)  # type: ignore[attr-defined]  # noqa: E731
     else:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, TORCH_HINT)
         product = lambda x: torch.ops.mkldnn._linear_pointwise(  # noqa: E731
