@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="run the OpenAI-compatible gateway")
-    serve.add_argument("--model", help="checkpoint directory, or 'tiny' (default)")
+    serve.add_argument("--model", help="checkpoint directory, or a built-in made in the cache on "
+                       "first use: 'gemma3-270m' (the default: the Gemma-3-270M demo) or 'tiny' "
+                       "(the random-weight test model)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
     serve.add_argument("--config", type=Path, help="settings file (.toml or .json)")

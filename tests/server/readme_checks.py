@@ -1,4 +1,4 @@
-"""What each README example's answer must be: the request builders and checks that
+"""What each documented example's answer must be: the request builders and checks that
 tests/server/test_readme_examples.py runs against the default install's server."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ HEADS = ("1k", "4k", "8k", "1k+groups", "4k+groups")  # the readings are served 
 
 @dataclass(frozen=True)
 class Example:
-    """One request for a feature the section lists, and what its answer must be."""
+    """One request for a feature docs/api.md lists, and what its answer must be."""
 
     name: str
     path: str
@@ -38,7 +38,7 @@ def comp(prompt: str = "Hello", **kw: Any) -> dict:
 
 
 # A schema a random-weight model finishes within max_tokens (a pattern, not maxLength: see
-# the README's xgrammar note).
+# docs/api.md's xgrammar note).
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string",
                                                     "pattern": "^[A-Za-z]{1,8}$"}},
           "required": ["city"], "additionalProperties": False}

@@ -1,17 +1,22 @@
-"""The README's "Using it" section against `polyhead serve` from a venv holding exactly what
+"""The documented requests against `polyhead serve` from a venv holding exactly what
 `make serve` installs (`make install VENV=.venv-readme`: `pip install -e .`, no extras, not the
-test venv): every curl line of the section, parsed from README.md and run with curl as
-written, then one request per feature the section lists, each status and body shape checked.
+test venv): every curl line of the README's quick start and of the pages that show requests
+(readme_util.RUNNABLE), parsed from the pages and run with curl as written; the quick start's
+Python blocks, run with this venv's `openai` client (the client is the user's, the server the
+default install's); then one request per feature docs/api.md lists, each status and body shape
+checked.
 
-A README example the server refuses, or a listed feature that needs a package only the test
-extras bring (xgrammar once did), fails here. The server runs the tiny model under an empty
-HOME, as a first run does; the README's demo names map onto it (readme_util.DEMO_TO_TINY).
+A documented example the server refuses, or a listed feature that needs a package only the
+test extras bring (xgrammar once did), fails here. The server runs the tiny model under an
+empty HOME, as a first run does; the pages' demo names map onto it (readme_util.DEMO_TO_TINY).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,12 +54,15 @@ from tests.server.readme_checks import (
     usage_is,
 )
 from tests.server.readme_util import (
+    aim,
     data_of,
     make_install,
     method_and_path,
     on_server,
-    readme_commands,
+    python_blocks,
+    quick_start,
     run_curl,
+    runnable_commands,
 )
 
 # The first test builds the venv when it is missing: 100 s from none, server start included,
@@ -67,7 +75,7 @@ STATUSES: Counter[int] = Counter()  # every answer the tier got, by status
 @pytest.fixture(scope="module")
 def readme_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, dict]]:
     venv = make_install()
-    exports, _ = readme_commands()
+    exports, _ = runnable_commands()
     home = tmp_path_factory.mktemp("empty-home")
     log = tmp_path_factory.mktemp("readme") / "gateway.log"
     gw = start_gateway("tiny", log, 300, command=[str(venv / "bin" / "polyhead"), "serve"],
@@ -84,10 +92,10 @@ def test_the_venv_holds_only_the_default_install(readme_server) -> None:
                           check=True).stdout.strip() == "[]"
 
 
-def test_every_curl_line_of_using_it_runs(readme_server, tmp_path: Path) -> None:
+def test_every_documented_curl_line_runs(readme_server, tmp_path: Path) -> None:
     gw, exports = readme_server
-    _, curls = readme_commands()
-    assert len(curls) >= 3  # the streamed chat and the policy switch
+    _, curls = runnable_commands()
+    assert len(curls) >= 5  # the quick start's chat, pinned completion and policy switches
     before = httpx.get(f"{gw.url}/admin/policy", headers=_auth(exports)).json()
     try:
         for words in curls:
@@ -95,13 +103,27 @@ def test_every_curl_line_of_using_it_runs(readme_server, tmp_path: Path) -> None
             answer = run_curl(cmd, tmp_path, exports)
             STATUSES[answer.status] += 1
             assert 200 <= answer.status < 300, (
-                f"README example refused: {' '.join(words)}\n-> {answer.status} {answer.body}")
+                f"documented example refused: {' '.join(words)}\n-> {answer.status} {answer.body}")
             _check_readme_answer(cmd, answer)
     finally:
         now = httpx.get(f"{gw.url}/admin/policy", headers=_auth(exports)).json()
-        if now["version"] != before["version"]:  # the README switches the policy: switch back
+        if now["version"] != before["version"]:  # the pages switch the policy: switch back
             httpx.put(f"{gw.url}/admin/policy", headers=_auth(exports), timeout=30,
                       json={"name": before["name"], "params": before["params"]})
+
+
+def test_the_quick_starts_python_runs(readme_server, tmp_path: Path) -> None:
+    gw, exports = readme_server
+    blocks = python_blocks(quick_start())
+    assert blocks and all("from openai import OpenAI" in b for b in blocks)
+    for i, block in enumerate(blocks):
+        script = tmp_path / f"quick_start_{i}.py"
+        script.write_text(aim(block, gw.url))
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path, env={**os.environ, **exports})
+        assert done.returncode == 0, f"quick start's Python failed:\n{block}\n{done.stderr}"
+        # The block prints the head that served it first (the x-polyhead-head header).
+        assert done.stdout.split()[0] in HEADS, done.stdout
 
 
 def _check_readme_answer(cmd: list[str], answer: Any) -> None:
@@ -124,6 +146,7 @@ def _check_readme_answer(cmd: list[str], answer: Any) -> None:
             assert answer.json()["name"] == data_of(cmd)["name"]
 
 
+# One request per feature docs/api.md lists (and the admin routes docs/operations.md lists).
 EXAMPLES = [
     # The basics: routed and pinned, the sampling fields, streaming, ignored and unknown fields.
     Example("models", "/v1/models", check=lists_models),
@@ -292,7 +315,7 @@ EXAMPLES = [
             check=has_keys("optimal_head", "quality_bound", "units", "candidates")),
     Example("admin bad token", "/admin/policy", status=401, check=is_error(),
             headers={"authorization": "Bearer wrong"}),
-    # The errors the section lists, and a value past the one limit.
+    # The errors docs/api.md lists, and a value past the one limit.
     Example("bad value", "/v1/completions", comp(temperature=9), 400, is_error("temperature")),
     Example("past max_model_len", "/v1/completions", comp(max_tokens=10_000_000), 400,
             is_error("max_tokens")),
