@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+from server.api.completion_body import usage
 from server.api.errors import error_body, to_api_error
 from server.errors import BadRequest
 from server.gateway.generation import Delta, Outcome
@@ -72,13 +73,24 @@ def to_chat(body: ResponsesRequest) -> ChatCompletionRequest:
                                  stream=body.stream, **ignored)
 
 
-class ResponseBuilder:
-    """The Response object, in progress or final, for one plan (one choice)."""
+class ResponsesBody:
+    """The Response object of one plan (one choice): `add` each delta then `body`, or
+    `stream` the deltas as the Responses stream's typed events. Its usage is the chat
+    completion's, under the Responses API's names."""
 
-    def __init__(self, plan: RequestPlan, body: ResponsesRequest) -> None:
-        self.plan, self.body = plan, body
+    def __init__(self, plan: RequestPlan, request: ResponsesRequest) -> None:
+        self.plan, self.request = plan, request
         self.id = "resp_" + plan.request_id.split("-", 1)[-1]
         self.item_id = new_id("msg_")
+        self.text = ""
+        self.finish: str | None = None
+
+    def add(self, d: Delta) -> None:
+        self.text += d.text
+        self.finish = d.finish_reason or self.finish
+
+    def body(self, outcomes: list[Outcome]) -> dict[str, Any]:
+        return self.response(self.text, self.finish, outcomes)
 
     def item(self, text: str, status: str) -> dict[str, Any]:
         content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
@@ -87,7 +99,7 @@ class ResponseBuilder:
 
     def response(self, text: str | None, finish: str | None,
                  outcomes: list[Outcome] | None) -> dict[str, Any]:
-        b = self.body
+        b = self.request
         done = outcomes is not None
         status = "in_progress" if not done else (
             "incomplete" if finish == "length" else "completed")
@@ -105,52 +117,50 @@ class ResponseBuilder:
             if done and text is not None else [],
             "usage": None,
         }
-        if done:
-            completion = sum(o.completion_tokens for o in outcomes or [])
-            out["usage"] = {"input_tokens": self.plan.prompt_tokens,
+        if outcomes is not None:
+            u = usage(self.plan, outcomes)
+            out["usage"] = {"input_tokens": u["prompt_tokens"],
                             "input_tokens_details": {"cached_tokens": 0},
-                            "output_tokens": completion,
+                            "output_tokens": u["completion_tokens"],
                             "output_tokens_details": {"reasoning_tokens": 0},
-                            "total_tokens": self.plan.prompt_tokens + completion}
+                            "total_tokens": u["total_tokens"]}
         return out
 
+    async def stream(self, deltas: AsyncIterator[Delta],
+                     outcomes: list[Outcome]) -> AsyncGenerator[str, None]:
+        """Typed events, each with a sequence number; errors in-band."""
+        seq = 0
 
-async def response_events(plan: RequestPlan, body: ResponsesRequest, deltas: AsyncIterator[Delta],
-                          outcomes: list[Outcome]) -> AsyncGenerator[str, None]:
-    """The Responses stream: typed events, each with a sequence number; errors in-band."""
-    rb = ResponseBuilder(plan, body)
-    seq = 0
+        def event(kind: str, **fields: Any) -> str:
+            nonlocal seq
+            data = {"type": kind, "sequence_number": seq, **fields}
+            seq += 1
+            return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
-    def event(kind: str, **fields: Any) -> str:
-        nonlocal seq
-        data = {"type": kind, "sequence_number": seq, **fields}
-        seq += 1
-        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-    where = {"item_id": rb.item_id, "output_index": 0, "content_index": 0}
-    yield event("response.created", response=rb.response(None, None, None))
-    yield event("response.in_progress", response=rb.response(None, None, None))
-    yield event("response.output_item.added", output_index=0, item=rb.item("", "in_progress"))
-    yield event("response.content_part.added", **where,
-                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-    text, finish = "", None
-    try:
-        async for d in deltas:
-            if d.text:
-                text += d.text
-                yield event("response.output_text.delta", **where, delta=d.text, logprobs=[])
-            finish = d.finish_reason or finish
-    except Exception as e:  # the status line is sent: report in-band, as a failed response
-        err = to_api_error(e)
-        failed = {**rb.response(text, finish, outcomes), "status": "failed",
-                  "error": {"code": err.code or "server_error", "message": err.message}}
-        yield event("error", **error_body(err.message, err.type, err.param, err.code)["error"])
-        yield event("response.failed", response=failed)
-        return
-    final = rb.response(text, finish, outcomes)
-    item = final["output"][0]
-    yield event("response.output_text.done", **where, text=text, logprobs=[])
-    yield event("response.content_part.done", **where, part=item["content"][0])
-    yield event("response.output_item.done", output_index=0, item=item)
-    kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
-    yield event(kind, response=final)
+        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        yield event("response.created", response=self.response(None, None, None))
+        yield event("response.in_progress", response=self.response(None, None, None))
+        yield event("response.output_item.added", output_index=0,
+                    item=self.item("", "in_progress"))
+        yield event("response.content_part.added", **where,
+                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+        try:
+            async for d in deltas:
+                self.add(d)
+                if d.text:
+                    yield event("response.output_text.delta", **where, delta=d.text,
+                                logprobs=[])
+        except Exception as e:  # the status line is sent: report in-band, as a failed response
+            err = to_api_error(e)
+            failed = {**self.body(outcomes), "status": "failed",
+                      "error": {"code": err.code or "server_error", "message": err.message}}
+            yield event("error", **error_body(err.message, err.type, err.param, err.code)["error"])
+            yield event("response.failed", response=failed)
+            return
+        final = self.body(outcomes)
+        item = final["output"][0]
+        yield event("response.output_text.done", **where, text=self.text, logprobs=[])
+        yield event("response.content_part.done", **where, part=item["content"][0])
+        yield event("response.output_item.done", output_index=0, item=item)
+        kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+        yield event(kind, response=final)

@@ -33,6 +33,7 @@ from server.gateway.chat_template import (
     render_chat,
     special_on_every_head,
 )
+from server.gateway.grammar_errors import bad_structured_output
 from server.gateway.prompt_bpb import PromptBpbConfig
 from server.gateway.request_plan import ChoiceJob, RequestPlan
 from server.gateway.sampling_extensions import (
@@ -257,7 +258,7 @@ class RequestPlanner:
             raise BadRequest(f"at most {self.limits.max_stop_sequences} stop sequences",
                              param="stop")
         if ext.structured is not None:
-            await self._compile(ext.structured)
+            await self._compile(ext.structured, ext.structured_field)
         # Unpinned, the router picks among the heads that hold the named ids; an id no head
         # holds is named here, against the largest.
         largest = pinned or max(self.manifest.heads, key=lambda h: h.vocab_size).name
@@ -392,16 +393,17 @@ class RequestPlanner:
                              param=field)
         return 1 if ext.score_only else asked or self.limits.default_max_tokens
 
-    async def _compile(self, spec: StructuredSpec) -> None:
+    async def _compile(self, spec: StructuredSpec, field: str) -> None:
         """Compile (and cache) the grammar now, off the event loop, so a bad schema is a 400
-        before anything streams; the engine then finds it compiled."""
+        before anything streams; the engine then finds it compiled. `field`: where the
+        request gave it, which the 400 names."""
         if self.grammars is None:
             raise BadRequest("structured output is served by the local engine only",
                              param="response_format")
         try:
             await asyncio.to_thread(self.grammars.compile, spec)
         except GrammarError as e:
-            raise BadRequest(f"structured output: {e}", param="response_format") from e
+            raise bad_structured_output(e, spec.kind, field) from e
 
     def _check_stream_options(self, body: SamplingFields) -> None:
         if body.stream_options is not None and not body.stream:

@@ -43,6 +43,7 @@ class Extensions:
     prompt_logprobs: int | None = None  # per prompt token: its logprob and the top N
     wants_logprobs: bool = False  # the sampled tokens' logprobs (logprobs / logprobs=true)
     structured: StructuredSpec | None = None  # the grammar every choice must match
+    structured_field: str = ""  # where the request gave it, for a 400 that names it
     rules: LogitRules = NO_LOGIT_RULES  # logit shaping, bad words not yet tokenized
     bad_words: tuple[str, ...] = ()  # tokenized on the chosen head by rules_on
 
@@ -132,7 +133,7 @@ def extensions(body: SamplingFields) -> Extensions:
     return Extensions(body.ignore_eos, stop_ids, body.include_stop_str_in_output,
                       body.skip_special_tokens, body.truncate_prompt_tokens, add, echo,
                       echo_prompt, echo_prompt and body.max_tokens == 0, top,
-                      body.prompt_logprobs, wants, structured_spec(body), logit_rules(body),
+                      body.prompt_logprobs, wants, *structured_spec(body), logit_rules(body),
                       tuple(dict.fromkeys(body.bad_words or ())))
 
 
@@ -207,26 +208,29 @@ def _vllm_spec(key: str, value: Any, param: str) -> StructuredSpec:
                      param=param)
 
 
-def structured_spec(body: SamplingFields) -> StructuredSpec | None:
-    """The one structured-output constraint `body` names, from whichever field names it."""
-    found: list[StructuredSpec] = []
+def structured_spec(body: SamplingFields) -> tuple[StructuredSpec | None, str]:
+    """The one structured-output constraint `body` names, and the field that names it
+    (`response_format.json_schema`, `structured_outputs.regex`, `guided_json`, ...)."""
+    found: list[tuple[StructuredSpec, str]] = []
     if body.response_format:
         spec = _response_format(body.response_format)
-        found += [spec] if spec is not None else []
+        if spec is not None:
+            found.append((spec, f"response_format.{spec.kind}"))
     for key, value in (body.structured_outputs or {}).items():
         if key not in _VLLM_KEYS:
             raise BadRequest(f"structured_outputs.{key} is not supported; use one of "
                              f"{', '.join(_VLLM_KEYS)}", param="structured_outputs")
         if value is not None and value is not False:
-            found.append(_vllm_spec(key, value, "structured_outputs"))
+            found.append((_vllm_spec(key, value, "structured_outputs"),
+                          f"structured_outputs.{key}"))
     for key, value in (("json", body.guided_json), ("regex", body.guided_regex),
                        ("choice", body.guided_choice), ("grammar", body.guided_grammar)):
         if value is not None:
-            found.append(_vllm_spec(key, value, f"guided_{key}"))
+            found.append((_vllm_spec(key, value, f"guided_{key}"), f"guided_{key}"))
     if len(found) > 1:
         raise BadRequest("give one structured output constraint, not several",
                          param="response_format")
-    return found[0] if found else None
+    return found[0] if found else (None, "")
 
 
 _VLLM_KEYS = ("json", "regex", "choice", "grammar", "json_object")

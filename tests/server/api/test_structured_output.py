@@ -80,3 +80,34 @@ def test_bad_structured_requests_are_400(gateway, body):
                    json={"model": MODEL, "prompt": "x", "max_tokens": 4, **body}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"]
+
+
+# The library's log prefix, "[hh:mm:ss] /build/path/file.cc:NNN: ", must not reach a client.
+LIBRARY_TRACE = re.compile(r"\[\d{1,2}:\d{2}:\d{2}\]|\.cc\b|:\d+:|/project/")
+
+
+@pytest.mark.parametrize(("route", "body", "message", "param"), [
+    ("chat/completions",
+     {"response_format": {"type": "json_schema", "json_schema": {
+         "name": "x", "schema": {"type": "object",
+                                 "properties": {"a": {"type": "nonsense"}}}}}},
+     'response_format.json_schema: unsupported type "nonsense"', "response_format"),
+    ("completions", {"guided_json": {"type": "nonsense"}},
+     'guided_json: unsupported type "nonsense"', "guided_json"),
+    ("completions", {"structured_outputs": {"json": {"$ref": "#/defs/x"}}},
+     'structured_outputs.json: $ref "#/defs/x" does not resolve: no "defs"',
+     "structured_outputs"),
+    ("completions", {"guided_regex": "(unclosed"},
+     "guided_regex: regex parsing error at position 10: The parenthesis is not closed.",
+     "guided_regex"),
+])
+def test_a_bad_schema_is_a_400_in_the_requests_terms(gateway, route, body, message, param):
+    prompt = ({"messages": [{"role": "user", "content": "x"}]} if route.startswith("chat")
+              else {"prompt": "x"})
+    r = httpx.post(f"{gateway.url}/v1/{route}",
+                   json={"model": MODEL, "max_tokens": 4, **prompt, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["message"] == message
+    assert error["param"] == param
+    assert not LIBRARY_TRACE.search(error["message"]), error["message"]

@@ -116,3 +116,16 @@ def test_every_logit_rule_needs_every_logit_bad_words_included():
     assert not Extensions().needs_logits
     assert Extensions(bad_words=("the",)).needs_logits
     assert Extensions(rules=LogitRules(min_p=0.1)).needs_logits
+
+
+@pytest.mark.parametrize(("fields", "where"), [
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+     "response_format.json_schema"),
+    ({"structured_outputs": {"regex": "a+"}}, "structured_outputs.regex"),
+    ({"guided_choice": ["a", "b"]}, "guided_choice"),
+    ({}, ""),
+])
+def test_the_structured_field_is_where_the_request_gave_it(fields, where):
+    ext = extensions(completion(**fields))
+    assert ext.structured_field == where
+    assert (ext.structured is None) == (where == "")
