@@ -80,6 +80,12 @@ def calibrate(
         measured = machine.measure(dtypes[0])
         cal.meta["roofline"] = measured.to_json()
         device = cal.roofline(device)
+    from kernels import int8_groups, precision  # the sweep needs the fused CPU ops
+
+    if device.is_cpu and int8_groups.gemv_available():
+        # Which bytes a product of b rows should read, on the largest head's shape.
+        widest = max(shapes, key=lambda s: s.vocab)
+        cal.meta["int8"] = precision.sweep(widest.vocab, widest.d, repeats=repeats)
     stream = _stream_fn(device)
     bs_all = [1 << i for i in range(int(math.log2(b_max)) + 1)]
     eff = {"bw": 0.0, "split_flops": 0.0, "stream_flops": 0.0}

@@ -80,6 +80,12 @@ class CrossoverCalibration:
         f = (b - bs[i - 1]) / (bs[i] - bs[i - 1])
         return float(ts[i - 1] + f * (ts[i] - ts[i - 1]))
 
+    def int8_rows(self) -> int | None:
+        """Up to how many rows a product reads int8 groups (kernels.precision), where
+        `kernels calibrate` measured it."""
+        entry = self.meta.get("int8")
+        return int(entry["int8_rows"]) if isinstance(entry, dict) else None
+
     def roofline(self, spec: DeviceSpec) -> DeviceSpec:
         """`spec` with this machine's measured bandwidth and GEMM peak where the calibration
         measured them (kernels.machine), else `spec` as given."""

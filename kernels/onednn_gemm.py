@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch loads with the first product: the engine's config imports PROVIDERS
     import torch
 
+    from kernels.int8_groups import Int8Groups
+
 log = logging.getLogger(__name__)
 
 GEMV_ROWS = 1  # products of at most this many rows stream through polyhead's bf16 GEMV
@@ -65,11 +67,15 @@ def resolve(provider: str, dtype: torch.dtype) -> str:
     return "vllm"
 
 
-def pack(weight: torch.Tensor, provider: str) -> Product:
+def pack(weight: torch.Tensor, provider: str, int8: Int8Groups | None = None,
+         int8_rows: int = 0) -> Product:
     """weight [N, K] (contiguous rows) -> the product x -> x @ weight.T through `provider`
     ("torch" or "vllm", as `resolve` returns). The packed copy is the product's own. Where
     polyhead's fused CPU ops are loaded with their AVX512-BF16 GEMV (heads.model.native), a
-    bf16 product of at most GEMV_ROWS rows reads a plain copy of the weight through it."""
+    bf16 product of at most GEMV_ROWS rows reads a plain copy of the weight through it.
+
+    `int8`: the same weight as the source file stores it (kernels.int8_groups); a product of
+    at most `int8_rows` rows reads those bytes instead (kernels.precision chooses the bound)."""
     import torch
 
     weight = weight.detach().contiguous()
@@ -82,6 +88,11 @@ def pack(weight: torch.Tensor, provider: str) -> Product:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, TORCH_HINT)
         product = lambda x: torch.ops.mkldnn._linear_pointwise(  # noqa: E731
             x, packed, None, "none", [], "")
+    if int8 is not None and int8_rows > 0:
+        if tuple(int8.shape) != tuple(weight.shape):
+            raise ValueError(f"int8 groups {int8.shape} for a weight {tuple(weight.shape)}")
+        few = int8.product()
+        return lambda x: few(x) if x.shape[0] <= int8_rows else product(x)
     if weight.dtype != torch.bfloat16 or weight.shape[1] % 32 or not gemv_available():
         return product
     # B = 1 is a pure stream of the weight: oneDNN read [131072, 640] at 11.0-11.2 GB/s on

@@ -25,6 +25,7 @@ import torch
 
 from kernels import onednn_gemm
 from kernels.errors import ShapeMismatch
+from kernels.int8_groups import Int8Groups
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +71,17 @@ class PackedRows:
 class RowPacker:
     """Packs heads' rows, sharing the blocks of rows that live at the same address."""
 
-    def __init__(self, block_rows: int = BLOCK_ROWS, provider: str = "torch") -> None:
+    def __init__(self, block_rows: int = BLOCK_ROWS, provider: str = "torch",
+                 int8_rows: int = 0) -> None:
         self.block_rows = block_rows
         self.provider = provider  # whose oneDNN product (kernels.onednn_gemm)
+        self.int8_rows = int8_rows  # products of at most this many rows read int8 groups
         self._blocks: dict[tuple[int, int, int], onednn_gemm.Product] = {}  # (address, rows, d)
         self._bytes = 0
 
-    def pack(self, weight: torch.Tensor) -> PackedRows:
+    def pack(self, weight: torch.Tensor, int8: Int8Groups | None = None) -> PackedRows:
         # weight: [V, d] fp32 or bf16 on the CPU, row-contiguous (a prefix view of a shared
-        # matrix is)
+        # matrix is); int8: the same rows as the source file stores them, or None
         if not packing_supported(weight) or weight.dim() != 2 or weight.stride(1) != 1:
             raise ShapeMismatch(f"cannot pack {weight.dtype} {tuple(weight.shape)} rows")
         blocks, sizes = [], []
@@ -86,7 +89,8 @@ class RowPacker:
             rows = weight[lo:lo + self.block_rows]
             key = (rows.data_ptr(), rows.shape[0], rows.shape[1])
             if key not in self._blocks:
-                self._blocks[key] = onednn_gemm.pack(rows, self.provider)
+                few = None if int8 is None else int8.rows(lo, lo + rows.shape[0])
+                self._blocks[key] = onednn_gemm.pack(rows, self.provider, few, self.int8_rows)
                 self._bytes += rows.nbytes
             blocks.append(self._blocks[key])
             sizes.append(rows.shape[0])

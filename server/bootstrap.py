@@ -185,6 +185,7 @@ def engine_config(settings: Settings, manifest: Manifest) -> EngineConfig:
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_model_len=settings.max_model_len,  # None: the backbone's context
         enable_prefix_caching=settings.prefix_caching,
+        weights=settings.weights,
     )
 
 
@@ -203,7 +204,8 @@ def open_backend(
         dtype = settings.vllm_dtype if settings.vllm_dtype != "auto" else compute_dtype(settings)
         backend: Backend = make_vllm_backend(settings, model_dir, manifest, dtype)
         return manifest, tokenizers, backend, engine_config(settings, manifest)
-    ckpt = load_checkpoint(model_dir, compute_dtype=compute_dtype(settings))
+    ckpt = load_checkpoint(model_dir, compute_dtype=compute_dtype(settings),
+                           int8=settings.weights != "bf16")
     ckpt = ckpt.with_readings(served_readings(settings, ckpt.manifest))
     econf = engine_config(settings, ckpt.manifest)
     return ckpt.manifest, ckpt.tokenizers, make_backend(settings, ckpt, econf), econf

@@ -26,6 +26,7 @@ from heads.engine.grouped_reading import GroupedReading
 from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest, StepTiming
 from heads.manifest import BackboneConfig, HeadSpec
+from heads.model.multi_head import MultiHeadModel
 from heads.model.weights import Checkpoint, load_checkpoint
 from kernels.row_params import RowParams
 
@@ -39,12 +40,13 @@ Runner = Callable[[list[int], int, int], float]  # (prompt ids, batch, new token
 
 def _local_runner(ckpt: Checkpoint, head: str | tuple[str, ...], max_batch: int, max_len: int,
                   timings: list[StepTiming] | None = None,
-                  readings: tuple[GroupedReading, ...] = ()) -> Runner:
+                  readings: tuple[GroupedReading, ...] = (), weights: str = "auto") -> Runner:
     """`timings`, when given, collects every measured decode step (the calibration file).
     Several heads: the batch's requests take them in turn."""
     heads = (head,) if isinstance(head, str) else head
     cfg = EngineConfig(num_kv_blocks=max_batch * (-(-max_len // 16) + 1) + 4,
-                       max_num_seqs=max_batch, max_num_batched_tokens=max(1024, max_batch * 64))
+                       max_num_seqs=max_batch, max_num_batched_tokens=max(1024, max_batch * 64),
+                       weights=weights)
     engine = LocalEngine(ckpt.model, cfg, readings=readings)
 
     async def go(ids: list[int], batch: int, n: int) -> float:
@@ -144,15 +146,16 @@ def _measure(runs: dict[str, Runner], ids: list[int], batch: int, n: int,
 def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
           engines: list[str], repeats: int = 1, heads: list[str] | None = None,
           dtype: str | None = None, timings: list[StepTiming] | None = None,
-          grouped: list[str] | None = None) -> list[BenchRow]:
+          grouped: list[str] | None = None, weights: str = "auto") -> list[BenchRow]:
     """`dtype` overrides the checkpoint's dtype for every engine alike (None keeps it);
     "auto" lets each engine pick its own default, as `serve` and stock vLLM do.
     `timings`, when given, receives the local engine's measured decode steps. `grouped`:
     split heads whose two-level readings the local engine also runs, in turns with the
-    native head (`_bench_readings`)."""
+    native head (`_bench_readings`). `weights`: which bytes the local engine's products
+    read (kernels.precision; one policy per process, as the packing is the model's)."""
     torch.set_num_threads(threads)
     ckpt = load_checkpoint(model_dir, compute_dtype=auto_compute_dtype() if dtype == "auto"
-                           else dtype)
+                           else dtype, int8=weights != "bf16")
     vllm_dtype = None if dtype == "auto" else dtype  # None: vLLM's own "auto"
     rows: list[BenchRow] = []
     vllm: dict[str, Any] = {}
@@ -170,7 +173,7 @@ def bench(model_dir: Path, batches: list[int], new_tokens: int, threads: int,
                 for e in wanted}
     try:
         _bench_heads(ckpt, batches, new_tokens, threads, engines, repeats, heads, timings,
-                     vllm, rows)
+                     vllm, rows, weights)
         if grouped:
             _bench_readings(ckpt, batches, new_tokens, threads, repeats, grouped, rows)
         if PLUGIN in vllm:
@@ -201,7 +204,7 @@ def _row(engine: str, head: str, vocab: int, batch: int, threads: int, new_token
 def _bench_heads(ckpt: Checkpoint, batches: list[int], new_tokens: int, threads: int,
                  engines: list[str], repeats: int, heads: list[str] | None,
                  timings: list[StepTiming] | None, vllm: dict[str, Any],
-                 rows: list[BenchRow]) -> None:
+                 rows: list[BenchRow], weights: str = "auto") -> None:
     for h in sorted(ckpt.manifest.heads, key=lambda h: h.vocab_size):
         if heads and h.name not in heads:
             continue
@@ -213,12 +216,29 @@ def _bench_heads(ckpt: Checkpoint, batches: list[int], new_tokens: int, threads:
                     runs[engine] = vllm[engine].runner(h.name)
             elif engine == "local":
                 runs[engine] = _local_runner(ckpt, h.name, max(batches), len(ids) + new_tokens,
-                                             timings)
+                                             timings, weights=weights)
             else:
                 runs[engine] = _hf_runner(ckpt, h)
         for b in batches:
             for engine, dt in _measure(runs, ids, b, new_tokens, repeats).items():
-                rows.append(_row(engine, h.name, h.vocab_size, b, threads, new_tokens, dt))
+                row = _row(engine, h.name, h.vocab_size, b, threads, new_tokens, dt)
+                if engine == "local" and b == 1:
+                    row = dataclasses.replace(row, weight_bytes=step_weight_bytes(
+                        ckpt.model, h.name, weights != "bf16"))
+                rows.append(row)
+
+
+def step_weight_bytes(model: MultiHeadModel, head: str, int8: bool) -> int:
+    """Bytes of weights a one-row decode step of `head` reads: each backbone matrix and the
+    head's rows at their int8-group size where the engine reads those (`int8`), else in
+    the compute dtype. Norm vectors count too; the input embedding's one row does not."""
+    total = 0
+    for name, p in model.backbone.state_dict().items():
+        groups = model.int8.get("backbone." + name) if int8 else None
+        total += groups.nbytes if groups is not None else p.numel() * p.element_size()
+    rows = model.unembedding_rows(head)
+    groups = model.int8_prefix(rows) if int8 else None
+    return total + (groups.nbytes if groups is not None else rows.numel() * rows.element_size())
 
 
 def _bench_mixed(ckpt: Checkpoint, batches: list[int], new_tokens: int, threads: int,

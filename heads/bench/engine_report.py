@@ -33,6 +33,9 @@ class BenchRow:
     # A mixed row's largest head alone, on the same prompt and in turns with the mix.
     alone_ms_per_step: float | None = None
     dtype: str = ""  # the compute dtype this engine ran (vLLM: what its `dtype` resolved to)
+    # Local engine: bytes of weights its one-row step reads (int8 groups where it read them,
+    # the compute dtype elsewhere); 0 where not counted.
+    weight_bytes: int = 0
 
 
 def _cell(rows: list[BenchRow], engine: str, head: str, batch: int) -> BenchRow | None:
@@ -128,10 +131,11 @@ def roofline_lines(rows: list[BenchRow], backbone_params: int, d: int,
     for r in rows:
         if r.engine != "local" or r.batch != 1 or r.dtype not in _BYTES or "+" in r.head:
             continue
-        weights = (backbone_params + r.vocab_size * d) * _BYTES[r.dtype]  # B
+        weights = r.weight_bytes or (backbone_params + r.vocab_size * d) * _BYTES[r.dtype]  # B
         bound_ms = 1e3 * weights / read_bw
         frac = bound_ms / r.ms_per_step
-        out.append(f"local {r.head} B=1: {weights / 1e6:.0f} MB of {r.dtype} weights per step, "
+        out.append(f"local {r.head} B=1: {weights / 1e6:.0f} MB of weights per step "
+                   f"({r.dtype}{' and int8 groups' if r.weight_bytes else ''}), "
                    f"bound {bound_ms:.1f} ms at {read_bw / 1e9:.1f} GB/s, step {r.ms_per_step:.1f}"
                    f" ms: {frac:.0%} of the memory roofline")
         worst = frac if worst is None else min(worst, frac)

@@ -24,10 +24,11 @@ from heads.checkpoint import validate_checkpoint
 from heads.data.files import GEMMA3_RANKING
 from heads.errors import CheckpointError, TokenizerError
 from heads.manifest import HeadSpec, Manifest
-from heads.model.weights import save_checkpoint
+from heads.model.weights import load_int8, save_checkpoint
 from heads.vocab.split_table import build_split_table
 from heads.vocab.tokenizer import vocab_fingerprint
 from heads.vocab.trimming import reorder_tokenizer, trim_tokenizer
+from kernels.int8_groups import Int8Groups
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,8 @@ def build_heads(
                                            "specials_last": keep_first is not None},
              "trim": trim, **({"spelling": spelling} if trim == "split" else {})}
     out_manifest = replace(manifest, heads=tuple(heads), extra=extra)
-    save_checkpoint(out, out_manifest, tensors, files)
+    save_checkpoint(out, out_manifest, tensors, files,
+                    _permuted_int8(src, manifest, native, torch.as_tensor(perm)))
     return out_manifest
 
 
@@ -179,6 +181,20 @@ def _permuted_tensors(src: Path, manifest: Manifest, native: HeadSpec,
             raise CheckpointError(f"tensor {name!r}: {w.shape[0]} rows < V={v}")
         tensors[name] = torch.cat((w[perm], w[v:])) if w.shape[0] > v else w[perm]
     return tensors
+
+
+def _permuted_int8(src: Path, manifest: Manifest, native: HeadSpec,
+                   perm: torch.Tensor) -> dict[str, Int8Groups]:
+    """The source's int8 groups (where it has them), the native head's matrices in the new
+    row order as in `_permuted_tensors`."""
+    int8 = load_int8(src, manifest)
+    v = native.vocab_size
+    for name in dict.fromkeys((native.embedding, native.unembedding)):
+        if name in int8:
+            g = int8[name]
+            index = torch.cat((perm, torch.arange(v, g.shape[0]))) if g.shape[0] > v else perm
+            int8[name] = g.take(index)
+    return int8
 
 
 def build_demo_heads(src: Path, out: Path) -> Manifest:

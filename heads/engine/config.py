@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from heads.engine.kv_layout import KVLayout
 from heads.manifest import BackboneConfig
 from kernels.onednn_gemm import PROVIDERS
+from kernels.precision import WEIGHTS
 from kernels.roofline import DTYPE_BYTES
 
 log = logging.getLogger(__name__)
@@ -48,11 +49,17 @@ class EngineConfig:
     # Nested heads in one step: "auto" lets kernels.nested_plan choose one pass over the
     # largest head's rows or one pass per head; "always" / "never" force either.
     nested_heads: str = "auto"
+    # CPU: which bytes a product of b rows reads where the checkpoint keeps the source file's
+    # int8 groups (kernels.precision): "auto" int8 up to the calibrated b, packed bf16 above;
+    # "quantized" int8 always; "bf16" never.
+    weights: str = "auto"
     device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.cpu_gemm not in PROVIDERS:
             raise ValueError(f"EngineConfig.cpu_gemm: {self.cpu_gemm!r} not in {PROVIDERS}")
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"EngineConfig.weights: {self.weights!r} not in {WEIGHTS}")
         if self.nested_heads not in ("auto", "always", "never"):
             raise ValueError(f"EngineConfig.nested_heads: {self.nested_heads!r} not in "
                              "('auto', 'always', 'never')")

@@ -21,11 +21,13 @@ weights. Results agree with `F.linear` to fp32 rounding (a different summation o
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
 from kernels import onednn_gemm
+from kernels.int8_groups import Int8Groups
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,8 @@ class PackedLinear(nn.Module):
     """x @ concat(weights).T through one packed oneDNN product; no bias (the backbones'
     projections have none). Over one linear it keeps that linear's weight Parameter."""
 
-    def __init__(self, *linears: nn.Linear, provider: str = "torch") -> None:
+    def __init__(self, *linears: nn.Linear, provider: str = "torch",
+                 int8: Int8Groups | None = None, int8_rows: int = 0) -> None:
         super().__init__()
         if not linears or any(lin.bias is not None for lin in linears):
             raise ValueError("PackedLinear: one or more linears without bias")
@@ -66,31 +69,44 @@ class PackedLinear(nn.Module):
         self.out_features = sum(self.sizes)
         weight = torch.cat([lin.weight.detach() for lin in linears])  # [sum(out), in]
         self.provider = provider
-        self._product = onednn_gemm.pack(weight, provider)
+        self._product = onednn_gemm.pack(weight, provider, int8, int8_rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in] -> [T, sum(out)]
         return self._product(x if x.is_contiguous() else x.contiguous())
 
 
-def pack_linears(root: nn.Module, provider: str = "torch") -> int:
+def pack_linears(root: nn.Module, provider: str = "torch",
+                 int8: Mapping[str, Int8Groups] | None = None, int8_rows: int = 0,
+                 path: str = "backbone.") -> int:
     """Pack root's projections (recursively): fuse each module's `FUSED_PROJECTIONS` groups
     into its `fused` dict, swap every other nn.Linear child. -> weights packed. `provider`:
-    whose oneDNN product ("torch" or "vllm", kernels.onednn_gemm.resolve)."""
+    whose oneDNN product ("torch" or "vllm", kernels.onednn_gemm.resolve). `int8`: the source
+    file's values by checkpoint tensor name (root's weights are named `path` + their module
+    path + `.weight`); a product of at most `int8_rows` rows reads those where every weight
+    it fuses has them."""
+    int8 = int8 or {}
+
+    def groups_of(names: tuple[str, ...]) -> Int8Groups | None:
+        parts = [int8.get(f"{path}{n}.weight") for n in names]
+        return None if any(p is None for p in parts) else Int8Groups.cat(parts)  # type: ignore[arg-type]
+
     packed = 0
     groups: dict[str, tuple[str, ...]] = getattr(root, "FUSED_PROJECTIONS", {})
     fused: dict[str, PackedLinear] | None = getattr(root, "fused", None)
     in_groups = {n for names in groups.values() for n in names}
     if fused is not None and not fused:
         for key, names in groups.items():
-            fused[key] = PackedLinear(*(getattr(root, n) for n in names), provider=provider)
+            fused[key] = PackedLinear(*(getattr(root, n) for n in names), provider=provider,
+                                      int8=groups_of(names), int8_rows=int8_rows)
             packed += len(names)
     for name, child in list(root.named_children()):
         if name in in_groups:
             continue  # kept as nn.Linear for the state dict; forward uses the fused product
         if isinstance(child, nn.Linear):
-            setattr(root, name, PackedLinear(child, provider=provider))
+            setattr(root, name, PackedLinear(child, provider=provider, int8=groups_of((name,)),
+                                             int8_rows=int8_rows))
             packed += 1
         else:
-            packed += pack_linears(child, provider)
+            packed += pack_linears(child, provider, int8, int8_rows, f"{path}{name}.")
     return packed

@@ -28,7 +28,7 @@ from heads.model.adapter import HeadOutput
 from heads.model.attention import AttentionMetadata, allocate_kv_cache, slots_for
 from heads.model.multi_head import MultiHeadModel
 from heads.model.native import build as native_build
-from kernels import huge_pages, nested, onednn_gemm
+from kernels import huge_pages, int8_groups, nested, onednn_gemm, precision
 from kernels.crossover_calibration import load_calibration
 from kernels.dispatch import batch_mode, device_spec, dtype_name, run_plan
 from kernels.nested_plan import GroupShape, effective_batch, plan_nested
@@ -64,12 +64,24 @@ class ModelRunner:
         fused = config.cpu_fused_ops and self.device.type == "cpu" and native_build.load()
         if hasattr(model.backbone, "fused_ops"):
             setattr(model.backbone, "fused_ops", fused)  # noqa: B010
+        guessed = device_spec(self.device)
+        calibration = load_calibration(guessed.name)
         self.packed_rows: dict[str, PackedRows] = {}  # head -> its rows in oneDNN blocks
+        # Products of at most this many rows read the source file's int8 groups where the
+        # checkpoint has them (kernels.precision); 0 without any.
+        self.int8_rows = precision.int8_rows(
+            config.weights, None if calibration is None else calibration.int8_rows()
+        ) if model.int8 and int8_groups.gemv_available() else 0
         if config.cpu_packed_weights and packing_available(self.device, model.dtype):
             provider = onednn_gemm.resolve(config.cpu_gemm, model.dtype)
             log.info("packed %d backbone projections for %s's oneDNN",
-                     pack_linears(model.backbone, provider), provider)
-            self.packed_rows = _pack_heads(model, provider)
+                     pack_linears(model.backbone, provider, model.int8, self.int8_rows),
+                     provider)
+            self.packed_rows = _pack_heads(model, provider, self.int8_rows)
+            if self.int8_rows:
+                log.info("products of at most %d rows read the file's int8 groups (%d "
+                         "tensors, %.1f MiB; weights=%s)", self.int8_rows, len(model.int8),
+                         sum(g.nbytes for g in model.int8.values()) / 2**20, config.weights)
         b = model.manifest.backbone
         self.layout = config.layout(b)
         self.pad = num_blocks  # the spare block (heads.engine.block_manager)
@@ -93,8 +105,6 @@ class ModelRunner:
             config.block_size, self.layout.group_size, self.layout.num_groups,
             sum(k.nbytes + v.nbytes for k, v in slots) / 2**20,
         )
-        guessed = device_spec(self.device)
-        calibration = load_calibration(guessed.name)
         # The measured roofline where `kernels calibrate` ran: what the router prices too.
         self.device_spec = guessed if calibration is None else calibration.roofline(guessed)
         self.selector = Selector(calibration)
@@ -321,8 +331,8 @@ class ModelRunner:
         return out
 
 
-def _pack_heads(model: MultiHeadModel, provider: str) -> dict[str, PackedRows]:
-    packer = RowPacker(provider=provider)
+def _pack_heads(model: MultiHeadModel, provider: str, int8_rows: int) -> dict[str, PackedRows]:
+    packer = RowPacker(provider=provider, int8_rows=int8_rows)
     out: dict[str, PackedRows] = {}
     seen: dict[tuple, PackedRows] = {}  # the same rows (a reading's, an unadapted head's) once
     for head in model.heads:
@@ -331,7 +341,7 @@ def _pack_heads(model: MultiHeadModel, provider: str) -> dict[str, PackedRows]:
         if key in seen:
             out[head] = seen[key]
         elif packing_supported(weight):
-            out[head] = seen[key] = packer.pack(weight)
+            out[head] = seen[key] = packer.pack(weight, model.int8_prefix(weight))
     log.info("packed the rows of %d heads for oneDNN: %.1f MiB", len(out), packer.nbytes / 2**20)
     return out
 

@@ -31,6 +31,7 @@ from transformers.integrations.gguf.gguf_tokenizer_mapping import (
 from transformers.integrations.gguf.reader import read_gguf_metadata
 
 from heads.errors import CheckpointError
+from heads.loaders.gguf_int8 import int8_groups
 from heads.loaders.source import (
     EMBEDDING,
     TORCH_DTYPES,
@@ -39,6 +40,7 @@ from heads.loaders.source import (
     special_ids,
 )
 from heads.manifest import BackboneConfig
+from kernels.int8_groups import Int8Groups
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ def load_gguf(path: Path, dtype: str = "bfloat16", progress: bool = True) -> Loa
     if arch not in SUPPORTED:
         raise CheckpointError(f"{path}: GGUF architecture {arch!r} not in {SUPPORTED}")
     backbone = _backbone(meta, arch)
-    tensors = _tensors(reader, backbone, TORCH_DTYPES[dtype], progress)
+    tensors, int8 = _tensors(reader, backbone, TORCH_DTYPES[dtype], progress)
     embedding_rows = tensors[EMBEDDING].shape[0]
 
     tok_arch, tok_dict, tok_config = get_gguf_tokenizer(str(path))
@@ -95,7 +97,7 @@ def load_gguf(path: Path, dtype: str = "bfloat16", progress: bool = True) -> Loa
         tokenizer_json=tokenizer.to_str(), bos_token_id=bos, eos_token_ids=eos,
         chat_template=tok_config.get("chat_template") or meta.get("tokenizer.chat_template"),
         origin=f"gguf:{path.name}",
-        extra={"gguf_file_type": meta.get("general.file_type")},
+        extra={"gguf_file_type": meta.get("general.file_type")}, int8=int8,
     )
 
 
@@ -163,8 +165,11 @@ def _our_name(gguf_name: str, arch: str) -> str | None:
 
 def _tensors(
     reader: GGUFReader, cfg: BackboneConfig, dtype: torch.dtype, progress: bool
-) -> dict[str, torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], dict[str, Int8Groups]]:
+    """Every tensor dequantised to `dtype`, and beside them the file's own values as int8
+    groups for the block types that have that form (heads.loaders.gguf_int8)."""
     out: dict[str, torch.Tensor] = {}
+    int8: dict[str, Int8Groups] = {}
     for t in tqdm(reader.tensors, desc="dequantizing", unit="tensor", disable=not progress):
         ours = _our_name(t.name, cfg.architecture)
         if ours is None:
@@ -176,16 +181,25 @@ def _tensors(
             if arr.dtype != np.float32 or not arr.flags.writeable:  # F32 is a view of the mmap
                 arr = np.array(arr, dtype=np.float32)
             w = torch.from_numpy(arr)
-        if cfg.architecture == "llama" and ".self_attn.q_proj." in ours:
-            w = _unpermute(w, cfg.num_heads)
-        elif cfg.architecture == "llama" and ".self_attn.k_proj." in ours:
-            w = _unpermute(w, cfg.num_kv_heads)
+            groups = int8_groups(t.data, t.tensor_type, arr) if arr.ndim == 2 else None
+            if groups is not None:
+                int8[ours] = groups
+        rope_heads = (cfg.num_heads if ".self_attn.q_proj." in ours else
+                  cfg.num_kv_heads if ".self_attn.k_proj." in ours else 0)
+        if cfg.architecture == "llama" and rope_heads:
+            w = _unpermute(w, rope_heads)
+            if ours in int8:
+                g = int8[ours]
+                int8[ours] = Int8Groups(_unpermute(g.values, rope_heads),
+                                        _unpermute(g.scales, rope_heads),
+                                        None if g.offsets is None
+                                        else _unpermute(g.offsets, rope_heads))
         elif cfg.architecture == "gemma3" and ours.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stores Gemma's (1 + w)
         out[ours] = w.to(dtype)
     if EMBEDDING not in out:
         raise CheckpointError("GGUF file has no token_embd.weight tensor")
-    return out
+    return out, int8
 
 
 def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:

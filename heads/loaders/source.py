@@ -21,6 +21,7 @@ from heads.errors import CheckpointError
 from heads.manifest import BackboneConfig, HeadSpec, Manifest
 from heads.model.multi_head import BACKBONE_PREFIX, build_backbone
 from heads.model.weights import save_checkpoint
+from kernels.int8_groups import Int8Groups
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ class LoadedSource:
     chat_template: str | None
     origin: str  # where it was loaded from, for the manifest's `extra`
     extra: dict[str, Any] = field(default_factory=dict)
+    # The file's own quantised values of the tensors that have an int8-group form, by name
+    # (GGUF; kernels.int8_groups): kept beside the dequantised `tensors`.
+    int8: dict[str, Int8Groups] = field(default_factory=dict)
 
     @property
     def vocab_size(self) -> int:
@@ -109,6 +113,6 @@ def write_checkpoint(
         extra={"source": src.origin, **src.extra, **(extra or {})},
     )
     check_backbone_tensors(src.backbone, src.tensors)
-    save_checkpoint(out, manifest, src.tensors, {rel: src.tokenizer_json})
+    save_checkpoint(out, manifest, src.tensors, {rel: src.tokenizer_json}, src.int8)
     log.info("wrote %s (%s, V=%d) to %s", src.model_name, src.backbone.architecture, v, out)
     return manifest

@@ -25,6 +25,7 @@ from heads.model.adapter import HeadOutput, build_output
 from heads.model.attention import KVCache, StepMetadata
 from heads.model.gemma3 import Gemma3Backbone
 from heads.model.llama import LlamaBackbone
+from kernels.int8_groups import Int8Groups
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ class MultiHeadModel(nn.Module):
         self._adapter_attr: dict[str, dict[str, str]] = {}  # head -> role -> buffer name
         self._load_adapters(tensors)
         self.backbone.to(self.dtype)
+        # The source file's quantised values by tensor name, where loaded (load_checkpoint's
+        # int8): the CPU engine multiplies few rows with them (kernels.int8_groups).
+        self.int8: dict[str, Int8Groups] = {}
         self.eval()
 
     def _load_adapters(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -164,6 +168,17 @@ class MultiHeadModel(nn.Module):
         # -> [V_h, d], a view of the (possibly shared) matrix
         h = self._head(head_name)
         return self._matrix(h.unembedding)[: h.vocab_size]
+
+    def int8_prefix(self, rows: torch.Tensor) -> Int8Groups | None:
+        """The int8 groups of `rows` [V, d] where they are the first V rows of a matrix whose
+        groups the model holds (a nested head's rows are); None for any other tensor, such as
+        a low-rank adapted head's folded copy."""
+        for name, attr in self._matrix_attr.items():
+            matrix = getattr(self, attr)
+            if (name in self.int8 and rows.data_ptr() == matrix.data_ptr()
+                    and rows.stride() == matrix.stride()):
+                return self.int8[name].rows(0, rows.shape[0])
+        return None
 
     def add_reading(self, name: str, head: str) -> None:
         """Serve `name` as a reading of the native head whose logits are `head`'s first V

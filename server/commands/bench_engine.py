@@ -37,6 +37,11 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
                    help="compute dtype for every engine; auto (default): each engine's own "
                         "default, what `serve` and stock vLLM run (bf16 where the CPU has a "
                         "bf16 GEMM); stored: the checkpoint's")
+    p.add_argument("--weights", choices=["auto", "quantized", "bf16"], default="auto",
+                   help="which bytes the local engine's products read where the checkpoint "
+                        "keeps the model file's int8 groups (POLYHEAD_WEIGHTS): auto "
+                        "(default) int8 up to the calibrated batch, bf16 the dequantised "
+                        "weights only")
     p.add_argument("--out", type=Path, default=Path("bench-results"),
                    help="directory for bench_engine.json and .png")
     p.add_argument("--scenarios", default="decode,prefix,kv",
@@ -80,7 +85,8 @@ def _run(args: argparse.Namespace) -> None:
     timings: list = []
     if "decode" in scenarios:
         rows = bench(model, args.batches, args.tokens, args.threads, engines, args.repeats,
-                     heads, dtype, timings, [h for h in args.grouped.split(",") if h])
+                     heads, dtype, timings, [h for h in args.grouped.split(",") if h],
+                     args.weights)
         print(table(rows))
         for line in reading_lines(rows):
             print(line)

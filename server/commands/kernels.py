@@ -46,6 +46,7 @@ def parse_heads(specs: list[str]) -> list[tuple[str, int]]:
 def _calibrate(args: argparse.Namespace) -> None:
     import torch
 
+    from heads.model.native import build as native_build
     from kernels.calibrate import Shape, calibrate
     from kernels.crossover_calibration import save_calibration
     from kernels.dispatch import device_spec
@@ -53,6 +54,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     from server.ops.logging_setup import configure_logging
 
     configure_logging("text", "INFO")
+    native_build.load()  # the engine's GEMVs (bf16 and int8) take part in the sweeps
     if args.threads:
         torch.set_num_threads(args.threads)
     torch_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -87,6 +89,25 @@ def _calibrate(args: argparse.Namespace) -> None:
                 print(f"{e['head']:<8}{e['dtype']:>10}{e['mode']:>8}{b:>5}{kernel:>8}"
                       f"{t * 1e3:>9.2f}{w_bytes / t / 1e9:>8.1f}{flops / t / 1e12:>9.3f}"
                       f"{bound * 1e3:>10.2f}{bound / t:>9.0%}")
+    int8 = cal.meta.get("int8")
+    if isinstance(int8, dict):
+        _print_int8(int8, roof.mem_bw)
     print("fitted efficiency: " + ", ".join(
         f"{k} {v:.2f}" for k, v in cal.efficiency.items() if not math.isnan(v)))
     print(f"wrote {path}")
+
+
+def _print_int8(entry: dict, mem_bw: float) -> None:
+    """The weights choice per b: the file's int8 groups against packed bf16."""
+    n, k = entry["shape"]
+    print(f"\nweights per product of b rows, [{n}, {k}] (int8 groups "
+          f"{entry['int8_bytes'] / 1e6:.0f} MB, bf16 {entry['bf16_bytes'] / 1e6:.0f} MB; "
+          f"read bound at {mem_bw / 1e9:.1f} GB/s):")
+    print(f"{'b':>4}{'int8 ms':>10}{'GB/s':>7}{'bf16 ms':>10}{'GB/s':>7}{'int8 / bf16':>13}"
+          "  choice")
+    rows = entry["int8_rows"]
+    for b, ti, tb in zip(entry["b"], entry["t_int8_s"], entry["t_bf16_s"], strict=True):
+        print(f"{b:>4}{ti * 1e3:>10.2f}{entry['int8_bytes'] / ti / 1e9:>7.1f}{tb * 1e3:>10.2f}"
+              f"{entry['bf16_bytes'] / tb / 1e9:>7.1f}{tb / ti:>12.2f}x  "
+              f"{'int8' if b <= rows else 'bf16'}")
+    print(f"int8 for products of at most {rows} rows (weights=auto)")

@@ -1,5 +1,5 @@
-"""Builds `fused_ops.cpp` with torch's C++ extension toolchain and loads it into
-`torch.ops.polyhead`.
+"""Builds `fused_ops.cpp` and `int8_gemv.cpp` with torch's C++ extension toolchain and loads
+them into `torch.ops.polyhead`.
 
 The library is compiled for this CPU (`-march=native`: AVX-512 where it has it) into
 `_build/<key>/` beside this file (polyhead's cache directory where that is read-only), the key
@@ -26,9 +26,12 @@ from kernels.cache_paths import native_dir
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("fused_ops.cpp")
+# The fused step ops, and the products of a few rows against int8-grouped weights.
+SOURCES = tuple(Path(__file__).with_name(f) for f in ("fused_ops.cpp", "int8_gemv.cpp"))
 LIBRARY = "polyhead_fused_ops"
-CFLAGS = ("-O3", "-march=native", "-fno-math-errno")
+# -fopenmp: at::parallel_for is an OpenMP loop in the headers; without it every op runs on one
+# thread whatever torch.get_num_threads() says.
+CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp")
 
 
 def cpu_flags() -> str:
@@ -58,7 +61,9 @@ def compile_flags() -> list[str]:
 
 
 def build_key() -> str:
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for source in SOURCES:
+        h.update(source.read_bytes())
     for part in (torch.__version__, cpu_flags(), " ".join(compile_flags())):
         h.update(part.encode())
     return h.hexdigest()[:16]
@@ -92,7 +97,8 @@ def load(root: Path | None = None, build: bool = True) -> bool:
     try:
         # Rebuilds nothing when `built` is current (ninja); locks `out` against a
         # concurrent build by another process.
-        cpp_extension.load(name=LIBRARY, sources=[str(SOURCE)], build_directory=str(out),
+        cpp_extension.load(name=LIBRARY, sources=[str(s) for s in SOURCES],
+                           build_directory=str(out),
                            extra_cflags=compile_flags(), is_python_module=False, verbose=False)
     except (RuntimeError, OSError, ImportError) as e:  # no compiler, no ninja, a bad build
         log.warning("fused CPU ops unavailable, running the eager ops: %s", e)
