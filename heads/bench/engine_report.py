@@ -135,7 +135,7 @@ def roofline_lines(rows: list[BenchRow], backbone_params: int, d: int,
         bound_ms = 1e3 * weights / read_bw
         frac = bound_ms / r.ms_per_step
         out.append(f"local {r.head} B=1: {weights / 1e6:.0f} MB of weights per step "
-                   f"({r.dtype}{' and int8 groups' if r.weight_bytes else ''}), "
+                   f"({r.dtype} engine), "
                    f"bound {bound_ms:.1f} ms at {read_bw / 1e9:.1f} GB/s, step {r.ms_per_step:.1f}"
                    f" ms: {frac:.0%} of the memory roofline")
         worst = frac if worst is None else min(worst, frac)
