@@ -18,7 +18,7 @@ def test_bench_engine_quick_mode(tiny_model_dir: Path, tmp_path: Path, capsys) -
     assert "vs transformers" in out
     # Each engine's dtype is reported; the B=1 steps are set against the memory roofline.
     assert re.search(r"local +1k +\d+ +1 +\d+ +(bfloat16|float32) ", out)
-    assert re.search(r"local 8k B=1: \d+ MB of \w+ weights per step, bound [\d.]+ ms at "
+    assert re.search(r"local 8k B=1: \d+ MB of weights per step \(\w+ engine\), bound [\d.]+ ms at "
                      r"[\d.]+ GB/s, step [\d.]+ ms: \d+% of the memory roofline", out)
     assert re.search(r"target local B=1 step >= 80% of the memory roofline: (MET|MISSED) "
                      r"\(lowest \d+%\)", out)
