@@ -80,9 +80,9 @@ def calibrate(
         measured = machine.measure(dtypes[0])
         cal.meta["roofline"] = measured.to_json()
         device = cal.roofline(device)
-    from kernels import int8_groups, precision  # the sweep needs the fused CPU ops
+    from kernels import int_groups, precision  # the sweep needs the fused CPU ops
 
-    if device.is_cpu and int8_groups.gemv_available():
+    if device.is_cpu and int_groups.gemv_available():
         # Which bytes a product of b rows should read, on the largest head's shape.
         widest = max(shapes, key=lambda s: s.vocab)
         cal.meta["int8"] = precision.sweep(widest.vocab, widest.d, repeats=repeats)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch loads with the first product: the engine's config imports PROVIDERS
     import torch
 
-    from kernels.int8_groups import Int8Groups
+    from kernels.int_groups import IntGroups
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +67,14 @@ def resolve(provider: str, dtype: torch.dtype) -> str:
     return "vllm"
 
 
-def pack(weight: torch.Tensor, provider: str, int8: Int8Groups | None = None,
+def pack(weight: torch.Tensor, provider: str, int8: IntGroups | None = None,
          int8_rows: int = 0) -> Product:
     """weight [N, K] (contiguous rows) -> the product x -> x @ weight.T through `provider`
     ("torch" or "vllm", as `resolve` returns). The packed copy is the product's own. Where
     polyhead's fused CPU ops are loaded with their AVX512-BF16 GEMV (heads.model.native), a
     bf16 product of at most GEMV_ROWS rows reads a plain copy of the weight through it.
 
-    `int8`: the same weight as the source file stores it (kernels.int8_groups); a product of
+    `int8`: the same weight as the source file stores it (kernels.int_groups); a product of
     at most `int8_rows` rows reads those bytes instead (kernels.precision chooses the bound)."""
     import torch
 
@@ -90,7 +90,7 @@ def pack(weight: torch.Tensor, provider: str, int8: Int8Groups | None = None,
             x, packed, None, "none", [], "")
     if int8 is not None and int8_rows > 0:
         if tuple(int8.shape) != tuple(weight.shape):
-            raise ValueError(f"int8 groups {int8.shape} for a weight {tuple(weight.shape)}")
+            raise ValueError(f"int groups {int8.shape} for a weight {tuple(weight.shape)}")
         few = int8.product()
         return lambda x: few(x) if x.shape[0] <= int8_rows else product(x)
     if weight.dtype != torch.bfloat16 or weight.shape[1] % 32 or not gemv_available():

@@ -25,7 +25,7 @@ import torch
 
 from kernels import onednn_gemm
 from kernels.errors import ShapeMismatch
-from kernels.int8_groups import Int8Groups
+from kernels.int_groups import IntGroups
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class RowPacker:
         self._blocks: dict[tuple[int, int, int], onednn_gemm.Product] = {}  # (address, rows, d)
         self._bytes = 0
 
-    def pack(self, weight: torch.Tensor, int8: Int8Groups | None = None) -> PackedRows:
+    def pack(self, weight: torch.Tensor, int8: IntGroups | None = None) -> PackedRows:
         # weight: [V, d] fp32 or bf16 on the CPU, row-contiguous (a prefix view of a shared
         # matrix is); int8: the same rows as the source file stores them, or None
         if not packing_supported(weight) or weight.dim() != 2 or weight.stride(1) != 1:

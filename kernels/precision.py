@@ -24,7 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch loads with the sweep: the engine's config imports WEIGHTS
-    from kernels.int8_groups import Int8Groups
+    from kernels.int_groups import IntGroups
 
 WEIGHTS = ("auto", "quantized", "bf16")
 # Uncalibrated: int8 only for one row, where the product is a pure stream of the weight on
@@ -57,16 +57,16 @@ def _median_s(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def random_groups(n: int, k: int, seed: int = 0) -> Int8Groups:
+def random_groups(n: int, k: int, seed: int = 0) -> IntGroups:
     """A Q8_0-like [n, k] matrix: int8 values and fp16 scales of trained-embedding size."""
     import torch
 
-    from kernels.int8_groups import GROUP, Int8Groups
+    from kernels.int_groups import GROUP, IntGroups
 
     gen = torch.Generator().manual_seed(seed)
     values = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
     scales = (torch.rand(n, k // GROUP, generator=gen) * 1e-3 + 1e-4).half()
-    return Int8Groups(values, scales)
+    return IntGroups(values, scales)
 
 
 def sweep(n: int, k: int, provider: str = "torch", bs: Sequence[int] = SWEEP_B,

@@ -24,11 +24,11 @@ from heads.checkpoint import validate_checkpoint
 from heads.data.files import GEMMA3_RANKING
 from heads.errors import CheckpointError, TokenizerError
 from heads.manifest import HeadSpec, Manifest
-from heads.model.weights import load_int8, save_checkpoint
+from heads.model.weights import load_int_groups, save_checkpoint
 from heads.vocab.split_table import build_split_table
 from heads.vocab.tokenizer import vocab_fingerprint
 from heads.vocab.trimming import reorder_tokenizer, trim_tokenizer
-from kernels.int8_groups import Int8Groups
+from kernels.int_groups import IntGroups
 
 log = logging.getLogger(__name__)
 
@@ -184,10 +184,10 @@ def _permuted_tensors(src: Path, manifest: Manifest, native: HeadSpec,
 
 
 def _permuted_int8(src: Path, manifest: Manifest, native: HeadSpec,
-                   perm: torch.Tensor) -> dict[str, Int8Groups]:
+                   perm: torch.Tensor) -> dict[str, IntGroups]:
     """The source's int8 groups (where it has them), the native head's matrices in the new
     row order as in `_permuted_tensors`."""
-    int8 = load_int8(src, manifest)
+    int8 = load_int_groups(src, manifest)
     v = native.vocab_size
     for name in dict.fromkeys((native.embedding, native.unembedding)):
         if name in int8:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from kernels import onednn_gemm
-from kernels.int8_groups import Int8Groups
+from kernels.int_groups import IntGroups
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class PackedLinear(nn.Module):
     projections have none). Over one linear it keeps that linear's weight Parameter."""
 
     def __init__(self, *linears: nn.Linear, provider: str = "torch",
-                 int8: Int8Groups | None = None, int8_rows: int = 0) -> None:
+                 int8: IntGroups | None = None, int8_rows: int = 0) -> None:
         super().__init__()
         if not linears or any(lin.bias is not None for lin in linears):
             raise ValueError("PackedLinear: one or more linears without bias")
@@ -77,7 +77,7 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(root: nn.Module, provider: str = "torch",
-                 int8: Mapping[str, Int8Groups] | None = None, int8_rows: int = 0,
+                 int8: Mapping[str, IntGroups] | None = None, int8_rows: int = 0,
                  path: str = "backbone.") -> int:
     """Pack root's projections (recursively): fuse each module's `FUSED_PROJECTIONS` groups
     into its `fused` dict, swap every other nn.Linear child. -> weights packed. `provider`:
@@ -87,9 +87,9 @@ def pack_linears(root: nn.Module, provider: str = "torch",
     it fuses has them."""
     int8 = int8 or {}
 
-    def groups_of(names: tuple[str, ...]) -> Int8Groups | None:
+    def groups_of(names: tuple[str, ...]) -> IntGroups | None:
         parts = [int8.get(f"{path}{n}.weight") for n in names]
-        return None if any(p is None for p in parts) else Int8Groups.cat(parts)  # type: ignore[arg-type]
+        return None if any(p is None for p in parts) else IntGroups.cat(parts)  # type: ignore[arg-type]
 
     packed = 0
     groups: dict[str, tuple[str, ...]] = getattr(root, "FUSED_PROJECTIONS", {})

@@ -72,6 +72,7 @@ class LocalEngine:
             return
         if not self._accepting:
             raise EngineStopped("engine was shut down")
+        self._runner.release_openmp_workers()  # this (loading) thread's, before the step thread's
         self._thread = threading.Thread(target=self._loop, name="polyhead-engine", daemon=True)
         self._thread.start()
         log.info("local engine started: %d KV blocks, max_model_len %d (the KV cache holds "
@@ -234,6 +235,11 @@ class LocalEngine:
         self._runner.enter_step_thread()
         while True:
             with self._cond:
+                if not (self._stopping or self._inbox or self._aborts
+                        or not self._scheduler.is_idle):
+                    # idle: its OpenMP workers would throttle another thread's (another
+                    # engine in this process); the next step starts them again (~50 µs)
+                    self._runner.release_openmp_workers()
                 while not (self._stopping or self._inbox or self._aborts
                            or not self._scheduler.is_idle):
                     self._cond.wait()

@@ -122,8 +122,9 @@ def _is_valid(out: Path, name: str) -> bool:
         raise FetchError(f"{out} exists and is not a valid checkpoint ({e}); remove it") from e
     if manifest.extra.get("fetch") != name:
         raise FetchError(f"{out} holds another model ({manifest.model_name}); pick another --out")
-    if "int8" not in manifest.extra:  # fetched before checkpoints kept the file's int8 groups
-        log.info("%s was fetched without the GGUF's int8 groups; converting it again", out)
+    if "int_groups" not in manifest.extra:  # fetched before checkpoints kept the packed groups
+        log.info("%s was fetched without the GGUF's packed integer groups; converting it "
+                 "again", out)
         return False
     return True
 

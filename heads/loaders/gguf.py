@@ -14,6 +14,7 @@ for its interleaved RoPE, and Gemma norm weights are stored as 1 + w.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from pathlib import Path
@@ -31,7 +32,7 @@ from transformers.integrations.gguf.gguf_tokenizer_mapping import (
 from transformers.integrations.gguf.reader import read_gguf_metadata
 
 from heads.errors import CheckpointError
-from heads.loaders.gguf_int8 import int8_groups
+from heads.loaders.gguf_int_groups import int_groups
 from heads.loaders.source import (
     EMBEDDING,
     TORCH_DTYPES,
@@ -40,7 +41,7 @@ from heads.loaders.source import (
     special_ids,
 )
 from heads.manifest import BackboneConfig
-from kernels.int8_groups import Int8Groups
+from kernels.int_groups import IntGroups
 
 log = logging.getLogger(__name__)
 
@@ -165,11 +166,11 @@ def _our_name(gguf_name: str, arch: str) -> str | None:
 
 def _tensors(
     reader: GGUFReader, cfg: BackboneConfig, dtype: torch.dtype, progress: bool
-) -> tuple[dict[str, torch.Tensor], dict[str, Int8Groups]]:
+) -> tuple[dict[str, torch.Tensor], dict[str, IntGroups]]:
     """Every tensor dequantised to `dtype`, and beside them the file's own values as int8
-    groups for the block types that have that form (heads.loaders.gguf_int8)."""
+    groups for the block types that have that form (heads.loaders.gguf_int_groups)."""
     out: dict[str, torch.Tensor] = {}
-    int8: dict[str, Int8Groups] = {}
+    int8: dict[str, IntGroups] = {}
     for t in tqdm(reader.tensors, desc="dequantizing", unit="tensor", disable=not progress):
         ours = _our_name(t.name, cfg.architecture)
         if ours is None:
@@ -181,7 +182,7 @@ def _tensors(
             if arr.dtype != np.float32 or not arr.flags.writeable:  # F32 is a view of the mmap
                 arr = np.array(arr, dtype=np.float32)
             w = torch.from_numpy(arr)
-            groups = int8_groups(t.data, t.tensor_type, arr) if arr.ndim == 2 else None
+            groups = int_groups(t.data, t.tensor_type, arr) if arr.ndim == 2 else None
             if groups is not None:
                 int8[ours] = groups
         rope_heads = (cfg.num_heads if ".self_attn.q_proj." in ours else
@@ -189,11 +190,7 @@ def _tensors(
         if cfg.architecture == "llama" and rope_heads:
             w = _unpermute(w, rope_heads)
             if ours in int8:
-                g = int8[ours]
-                int8[ours] = Int8Groups(_unpermute(g.values, rope_heads),
-                                        _unpermute(g.scales, rope_heads),
-                                        None if g.offsets is None
-                                        else _unpermute(g.offsets, rope_heads))
+                int8[ours] = int8[ours].map_rows(functools.partial(_unpermute, n_heads=rope_heads))
         elif cfg.architecture == "gemma3" and ours.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stores Gemma's (1 + w)
         out[ours] = w.to(dtype)

@@ -21,7 +21,7 @@ from heads.errors import CheckpointError
 from heads.manifest import BackboneConfig, HeadSpec, Manifest
 from heads.model.multi_head import BACKBONE_PREFIX, build_backbone
 from heads.model.weights import save_checkpoint
-from kernels.int8_groups import Int8Groups
+from kernels.int_groups import IntGroups
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,8 @@ class LoadedSource:
     origin: str  # where it was loaded from, for the manifest's `extra`
     extra: dict[str, Any] = field(default_factory=dict)
     # The file's own quantised values of the tensors that have an int8-group form, by name
-    # (GGUF; kernels.int8_groups): kept beside the dequantised `tensors`.
-    int8: dict[str, Int8Groups] = field(default_factory=dict)
+    # (GGUF; kernels.int_groups): kept beside the dequantised `tensors`.
+    int8: dict[str, IntGroups] = field(default_factory=dict)
 
     @property
     def vocab_size(self) -> int:

@@ -25,7 +25,7 @@ from heads.model.adapter import HeadOutput, build_output
 from heads.model.attention import KVCache, StepMetadata
 from heads.model.gemma3 import Gemma3Backbone
 from heads.model.llama import LlamaBackbone
-from kernels.int8_groups import Int8Groups
+from kernels.int_groups import IntGroups
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,8 @@ class MultiHeadModel(nn.Module):
         self._load_adapters(tensors)
         self.backbone.to(self.dtype)
         # The source file's quantised values by tensor name, where loaded (load_checkpoint's
-        # int8): the CPU engine multiplies few rows with them (kernels.int8_groups).
-        self.int8: dict[str, Int8Groups] = {}
+        # int8): the CPU engine multiplies few rows with them (kernels.int_groups).
+        self.int8: dict[str, IntGroups] = {}
         self.eval()
 
     def _load_adapters(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -169,7 +169,7 @@ class MultiHeadModel(nn.Module):
         h = self._head(head_name)
         return self._matrix(h.unembedding)[: h.vocab_size]
 
-    def int8_prefix(self, rows: torch.Tensor) -> Int8Groups | None:
+    def int8_prefix(self, rows: torch.Tensor) -> IntGroups | None:
         """The int8 groups of `rows` [V, d] where they are the first V rows of a matrix whose
         groups the model holds (a nested head's rows are); None for any other tensor, such as
         a low-rank adapted head's folded copy."""

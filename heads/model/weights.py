@@ -24,13 +24,13 @@ from heads.manifest import Manifest
 from heads.model.multi_head import MultiHeadModel
 from heads.model.native import build as native_build
 from heads.vocab.tokenizer import HeadTokenizer
-from kernels.int8_groups import Int8Groups
+from kernels.int_groups import IntGroups
 
 log = logging.getLogger(__name__)
 
-# The source file's own quantised values beside the dequantised weights (kernels.int8_groups),
-# named in the manifest's extra["int8"] with their sha256.
-INT8_FILE = "int8.safetensors"
+# The source file's own quantised values beside the dequantised weights (kernels.int_groups),
+# named in the manifest's extra["int_groups"] with their sha256.
+INT_GROUPS_FILE = "int_groups.safetensors"
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def load_checkpoint(
     tensors.update(load_adapter_tensors(directory, manifest, device))
     model = MultiHeadModel(manifest, tensors, compute_dtype)
     if int8 and device == "cpu":
-        model.int8 = load_int8(directory, manifest)
+        model.int8 = load_int_groups(directory, manifest)
     if device == "cpu" and hasattr(model.backbone, "fused_ops"):
         # Inference outside the engine (evaluation, scoring) computes as the engine serves.
         setattr(model.backbone, "fused_ops", native_build.load())  # noqa: B010
@@ -86,17 +86,17 @@ def load_adapter_tensors(directory: Path, manifest: Manifest, device: str = "cpu
     return out
 
 
-def load_int8(directory: Path, manifest: Manifest) -> dict[str, Int8Groups]:
+def load_int_groups(directory: Path, manifest: Manifest) -> dict[str, IntGroups]:
     """The checkpoint's int8 groups by tensor name ({} where it has none), checked against
     the sha256 its manifest records."""
-    meta = manifest.extra.get("int8")
+    meta = manifest.extra.get("int_groups")
     if not meta:
         return {}
     path = directory / meta["file"]
     if not path.is_file() or _sha256(path) != meta["sha256"]:
         raise CheckpointError(f"{path}: missing, or not the file the manifest's sha256 names")
     with safe_open(str(path), framework="pt") as f:
-        return Int8Groups.from_tensors({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
+        return IntGroups.from_tensors({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
 
 
 def _sha256(path: Path) -> str:
@@ -112,11 +112,11 @@ def save_checkpoint(
     manifest: Manifest,
     tensors: dict[str, torch.Tensor],
     tokenizer_json: Mapping[str, str | bytes],
-    int8: Mapping[str, Int8Groups] | None = None,
+    int8: Mapping[str, IntGroups] | None = None,
 ) -> None:
     """Write atomically. `tokenizer_json` maps each head's `tokenizer` path to its JSON text
     (and each `split_table` path to the table's bytes); `int8`, the source's quantised
-    values by tensor name, goes to INT8_FILE, named with its sha256 in extra["int8"]."""
+    values by tensor name, goes to INT_GROUPS_FILE, named with its sha256 in extra["int_groups"]."""
     manifest.validate()
     named = [p for h in manifest.heads for p in (h.tokenizer, h.split_table) if p is not None]
     missing = [p for p in named if p not in tokenizer_json]
@@ -129,12 +129,13 @@ def save_checkpoint(
         if int8:
             flat = {k: v.contiguous() for name, g in int8.items()
                     for k, v in g.to_tensors(name).items()}
-            save_file(flat, str(tmp / INT8_FILE))
-            manifest = replace(manifest, extra={**manifest.extra, "int8": {
-                "file": INT8_FILE, "sha256": _sha256(tmp / INT8_FILE), "tensors": len(int8)}})
+            save_file(flat, str(tmp / INT_GROUPS_FILE))
+            manifest = replace(manifest, extra={**manifest.extra, "int_groups": {
+                "file": INT_GROUPS_FILE, "sha256": _sha256(tmp / INT_GROUPS_FILE),
+                "tensors": len(int8)}})
         else:
             manifest = replace(manifest, extra={k: v for k, v in manifest.extra.items()
-                                                if k != "int8"})
+                                                if k != "int_groups"})
         manifest.save(tmp)
         # safetensors refuses shared storage; tied matrices are stored once by name already.
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / manifest.weights))

@@ -2,7 +2,8 @@
 the same prompts, one server after the other on the same machine. Stock runs at its own
 defaults (no `--dtype`: vLLM's CPU backend picks bf16 for Gemma-3) on two exports: the native
 head ("stock", what runs without polyhead) and the 131k head ("stock-131k", what an operator
-could serve with polyhead's exporter alone).
+could serve with polyhead's exporter alone). With `--llama-cpp PATH`, llama.cpp's
+`llama-server` on the model's GGUF too ("llama.cpp", server.bench.llama_cpp).
 
 Per prompt set and concurrency: output tok/s and output bytes/s (a smaller head's token
 carries fewer bytes, so bytes are the fair unit), median TTFT and TPOT, polyhead's share per
@@ -34,12 +35,16 @@ PROMPT_SETS = {"english": DATA / "prompts_en.jsonl",
 # largest head's export (the cheapest static head an operator could run without the router).
 TARGET_RATIO = 1.3
 TARGET_RATIO_SMALLER = 1.0
+# against llama-server on the same GGUF: the router by TARGET_RATIO, the native head pinned by
+# TARGET_LLAMA_NATIVE (the same model both sides).
+TARGET_LLAMA_NATIVE = 1.0
 BPB_SLACK = 0.05  # served BPB within 5% of the native head's
 
 
 @dataclass(frozen=True, slots=True)
 class Cell:
     server: str  # "polyhead" | "polyhead:<head>" (pinned) | "stock" (native) | "stock-<head>"
+    # | "llama.cpp" (llama-server on the GGUF: the native head)
     prompts: str
     concurrency: int
     completed: int
@@ -136,8 +141,9 @@ def served_bpb(manifest: Manifest, shares: dict[str, float]) -> float | None:
 
 
 def verdicts(cells: list[Cell], manifest: Manifest) -> list[str]:
-    """The router against every stock server; a pinned head against stock on that head
-    alone, at >= 1.00x (the same model both sides: what is left is the engine)."""
+    """The router against every baseline; a pinned head against stock on that head alone,
+    and the native head pinned against llama.cpp, at >= 1.00x (the same model both sides:
+    what is left is the engine)."""
     native = manifest.native
     lines = []
     for p in cells:
@@ -152,18 +158,29 @@ def verdicts(cells: list[Cell], manifest: Manifest) -> list[str]:
             if c.server.startswith("polyhead") or c.prompts != p.prompts or \
                     c.concurrency != p.concurrency:
                 continue
-            same = c.server == ("stock" if pinned == native.name else f"stock-{pinned}")
+            same = c.server == ("stock" if pinned == native.name else f"stock-{pinned}") or (
+                c.server == "llama.cpp" and pinned == native.name)
             if pinned and not same:
                 continue
-            target = TARGET_RATIO if c.server == "stock" and not pinned else TARGET_RATIO_SMALLER
+            if c.server == "llama.cpp":
+                target = TARGET_LLAMA_NATIVE if pinned else TARGET_RATIO
+            else:
+                target = TARGET_RATIO if c.server == "stock" and not pinned \
+                    else TARGET_RATIO_SMALLER
             ratio = p.bytes_s / c.bytes_s if c.bytes_s else float("nan")
             met = ratio >= target and within
             lines.append(f"{'MET' if met else 'MISSED'} {p.server} {p.prompts} "
                          f"c={p.concurrency}: bytes/s {ratio:.2f}x {c.server} "
                          f"(target >= {target}x), served BPB "
                          f"{'n/a' if bpb is None else f'{bpb:.4f}'} vs native {native.bpb} "
-                         f"(within {BPB_SLACK:.0%}: {within})")
+                         f"(within {BPB_SLACK:.0%}: {within})" + _failures(p, c))
     return lines
+
+
+def _failures(*cells: Cell) -> str:
+    """A verdict's note of failed requests: its bytes/s counts only the completed ones."""
+    failed = [f"{c.server} {c.failed} of {c.completed + c.failed}" for c in cells if c.failed]
+    return f"; requests failed: {', '.join(failed)}" if failed else ""
 
 
 def table(cells: list[Cell]) -> str:

@@ -25,13 +25,21 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
                    help="serve every request on this head (polyhead's per-head route) instead "
                         "of routing, against stock on that head's export alone (the default "
                         "--stock-heads becomes this head)")
+    p.add_argument("--llama-cpp", default=None, metavar="PATH",
+                   help="a llama-server binary: also serve the model's GGUF with it (label "
+                        "llama.cpp, --threads threads, one slot per client of the largest "
+                        "concurrency); without it that label is skipped")
+    p.add_argument("--gguf", type=Path, default=None,
+                   help="the GGUF llama-server loads (default: the built-in model's own file)")
     p.add_argument("--out", type=Path, default=Path("bench-results/vs-vllm"))
     p.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> None:
+    from heads.loaders.fetch import RECIPES, fetch_gguf
     from heads.manifest import Manifest
     from server.bench.gateway import free_port, gateway
+    from server.bench.llama_cpp import LABEL, find_binary, llama_server
     from server.bench.vs_vllm import (
         PROMPT_SETS,
         bench_serve,
@@ -90,6 +98,20 @@ def _run(args: argparse.Namespace) -> None:
                     r = bench_serve(url, "stock", export, PROMPT_SETS[name], c,
                                     args.num_prompts, args.output_len, args.out / stock / name)
                     cells.append(cell(stock, name, c, r, {}))
+    binary = find_binary(args.llama_cpp)
+    if binary is None:
+        print("llama.cpp: skipped (no --llama-cpp PATH to a llama-server binary)")
+    else:
+        if args.gguf is None and args.model not in RECIPES:
+            raise SystemExit(f"--llama-cpp: {args.model} is not a built-in; name its --gguf")
+        gguf = args.gguf or fetch_gguf(args.model, settings.cache_dir, progress=False)
+        with llama_server(binary, gguf, free_port(), logs / "llama.cpp.log", max(levels),
+                          args.threads) as url:
+            for name in sets:
+                for c in levels:
+                    r = bench_serve(url, LABEL, stock_dir, PROMPT_SETS[name], c,
+                                    args.num_prompts, args.output_len, args.out / LABEL / name)
+                    cells.append(cell(LABEL, name, c, r, {}))
     lines = verdicts(cells, manifest)
     print(table(cells))
     print("\n".join(lines))

@@ -34,6 +34,7 @@ def test_bench_vs_vllm_quick(tiny_model_dir, tmp_path):
     assert len(verdicts) == 4 and all(v.startswith(("MET ", "MISSED ")) for v in verdicts)
     assert sum("x stock-4k (target >= 1.0x)" in v for v in verdicts) == 2, verdicts
     assert (out / "vs_vllm.png").is_file()
+    assert "llama.cpp: skipped (no --llama-cpp PATH" in done.stdout
 
 
 def test_bench_vs_vllm_pinned(tiny_model_dir, tmp_path):

@@ -1,5 +1,5 @@
-"""Builds `fused_ops.cpp` and `int8_gemv.cpp` with torch's C++ extension toolchain and loads
-them into `torch.ops.polyhead`.
+"""Builds `fused_ops.cpp`, `int_groups_gemv.cpp` and `thread_pool.cpp` with torch's C++ extension
+toolchain and loads them into `torch.ops.polyhead`.
 
 The library is compiled for this CPU (`-march=native`: AVX-512 where it has it) into
 `_build/<key>/` beside this file (polyhead's cache directory where that is read-only), the key
@@ -26,8 +26,10 @@ from kernels.cache_paths import native_dir
 
 log = logging.getLogger(__name__)
 
-# The fused step ops, and the products of a few rows against int8-grouped weights.
-SOURCES = tuple(Path(__file__).with_name(f) for f in ("fused_ops.cpp", "int8_gemv.cpp"))
+# The fused step ops, the products of a few rows against integer-grouped weights, and the
+# release of a loader thread's OpenMP workers.
+SOURCES = tuple(Path(__file__).with_name(f)
+                for f in ("fused_ops.cpp", "int_groups_gemv.cpp", "thread_pool.cpp"))
 LIBRARY = "polyhead_fused_ops"
 # -fopenmp: at::parallel_for is an OpenMP loop in the headers; without it every op runs on one
 # thread whatever torch.get_num_threads() says.

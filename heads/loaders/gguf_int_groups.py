@@ -1,15 +1,18 @@
-"""GGUF blocks as int8 groups of 32 (kernels.int8_groups), exactly the file's values.
+"""GGUF blocks as integer groups of 32 (kernels.int_groups), exactly the file's values, at
+the file's width.
 
 Each supported block type dequantises to `scale · q + offset` per 32 values along a row:
 
-- Q8_0 (34 bytes / 32): fp16 d, then 32 int8 q.                   scale d, no offset;
-- Q5_0 (22 bytes / 32): fp16 d, then 5-bit q stored as q + 16.    scale d, no offset;
+- Q8_0 (34 bytes / 32): fp16 d, then 32 int8 q.               8 bits, scale d, no offset;
+- Q5_0 (22 bytes / 32): fp16 d, then 5-bit q stored as q + 16. 5 bits, scale d, no offset;
 - Q4_K (144 bytes / 256): fp16 d and dmin, 6-bit sc and m per 32, 4-bit q:
-  w = d·sc·q − dmin·m.                                            scale d·sc, offset −dmin·m.
+  w = d·sc·q − dmin·m.                                  4 bits, scale d·sc, offset −dmin·m.
 
 Rather than unpacking bits a second time, the block scales are read from the raw bytes and
 the integers recovered from gguf's own dequantisation: q = (w − offset) / scale, an exact
 integer up to fp32 rounding (checked: the groups dequantise back to gguf's values).
+The integers are then packed again (IntGroups.pack): 5.5 bits a value for Q5_0, as in the
+file, and 6 for Q4_K (its fp32 scale and offset per 32 replace the file's 6-bit ones).
 Q6_K (scales per 16 values) and other types have no such form: those tensors stay as the
 loader's dequantised floats.
 """
@@ -21,16 +24,17 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import Q4_K
 
-from kernels.int8_groups import GROUP, Int8Groups
+from kernels.int_groups import GROUP, IntGroups
 
 _BYTES_PER_GROUP = {GGMLQuantizationType.Q8_0: 34, GGMLQuantizationType.Q5_0: 22}
-SUPPORTED = (*_BYTES_PER_GROUP, GGMLQuantizationType.Q4_K)
+_BITS = {GGMLQuantizationType.Q8_0: 8, GGMLQuantizationType.Q5_0: 5, GGMLQuantizationType.Q4_K: 4}
+SUPPORTED = tuple(_BITS)
 
 
-def int8_groups(raw: np.ndarray, qtype: GGMLQuantizationType, dequantized: np.ndarray
-                ) -> Int8Groups | None:
+def int_groups(raw: np.ndarray, qtype: GGMLQuantizationType, dequantized: np.ndarray
+                ) -> IntGroups | None:
     """`raw`: the tensor's blocks [rows, bytes per row] (uint8); `dequantized`: gguf's fp32
-    values [rows, K] of the same tensor. None for a type without an int8-group form."""
+    values [rows, K] of the same tensor. None for a type without an integer-group form."""
     rows, k = dequantized.shape
     if qtype in _BYTES_PER_GROUP:
         groups = raw.reshape(rows, k // GROUP, _BYTES_PER_GROUP[qtype])
@@ -51,5 +55,6 @@ def int8_groups(raw: np.ndarray, qtype: GGMLQuantizationType, dequantized: np.nd
     shifted = w if offsets is None else w - offsets[..., None]
     safe = np.where(scales == 0, 1.0, scales)[..., None]
     q = np.rint(shifted / safe).clip(-128, 127).astype(np.int8).reshape(rows, k)
-    return Int8Groups(torch.from_numpy(q), stored,
-                      None if offsets is None else torch.from_numpy(offsets.copy()))
+    return IntGroups.pack(torch.from_numpy(q), stored,
+                          None if offsets is None else torch.from_numpy(offsets.copy()),
+                          _BITS[qtype])

@@ -16,19 +16,19 @@ from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest
 from heads.errors import CheckpointError
 from heads.model.native import build
-from heads.model.weights import INT8_FILE, load_int8, save_checkpoint
-from kernels import int8_groups, precision
-from kernels.int8_groups import GROUP, Int8Groups
+from heads.model.weights import INT_GROUPS_FILE, load_int_groups, save_checkpoint
+from kernels import int_groups, precision
+from kernels.int_groups import GROUP, IntGroups
 from kernels.row_params import RowParams
 from tests.heads.tiny import HEADS, tiny_model
 
 
-def _quantise(w: torch.Tensor) -> Int8Groups:
+def _quantise(w: torch.Tensor) -> IntGroups:
     n, k = w.shape
     g = w.view(n, k // GROUP, GROUP)
     scales = g.abs().amax(-1) / 127
     values = torch.round(g / scales[..., None].clamp_min(1e-12)).to(torch.int8)
-    return Int8Groups(values.view(n, k), scales)
+    return IntGroups(values.view(n, k), scales)
 
 
 def _int8_model(with_groups: bool):
@@ -63,7 +63,7 @@ async def _serve(model, weights: str, int8_rows: int) -> tuple[dict, dict]:
     return tokens, nll
 
 
-@pytest.mark.skipif(not build.load() or not int8_groups.gemv_available(),
+@pytest.mark.skipif(not build.load() or not int_groups.gemv_available(),
                     reason="no int8 GEMV on this CPU")
 def test_int8_products_serve_what_the_same_values_serve_as_floats() -> None:
     int8_model = _int8_model(with_groups=True)
@@ -93,11 +93,12 @@ def test_int8_file_round_trips_with_its_sha256(tmp_path) -> None:
     out = tmp_path / "with-int8"
     save_checkpoint(out, manifest, tensors, tokenizers, groups)
     saved = Manifest.load(out)
-    assert saved.extra["int8"]["file"] == INT8_FILE and len(saved.extra["int8"]["sha256"]) == 64
-    back = load_int8(out, saved)
+    assert saved.extra["int_groups"]["file"] == INT_GROUPS_FILE
+    assert len(saved.extra["int_groups"]["sha256"]) == 64
+    back = load_int_groups(out, saved)
     torch.testing.assert_close(back["matrices.shared"].dequantize(),
                                groups["matrices.shared"].dequantize())
-    (out / INT8_FILE).write_bytes((out / INT8_FILE).read_bytes()[:-1] + b"\0")
+    (out / INT_GROUPS_FILE).write_bytes((out / INT_GROUPS_FILE).read_bytes()[:-1] + b"\0")
     with pytest.raises(CheckpointError, match="sha256"):
-        load_int8(out, saved)
-    assert load_int8(out, dataclasses.replace(saved, extra={})) == {}
+        load_int_groups(out, saved)
+    assert load_int_groups(out, dataclasses.replace(saved, extra={})) == {}
