@@ -81,7 +81,7 @@ class CrossoverCalibration:
         return float(ts[i - 1] + f * (ts[i] - ts[i - 1]))
 
     def int8_rows(self) -> int | None:
-        """Up to how many rows a product reads int8 groups (kernels.precision), where
+        """Up to how many rows a product reads integer groups (kernels.precision), where
         `kernels calibrate` measured it."""
         entry = self.meta.get("int8")
         return int(entry["int8_rows"]) if isinstance(entry, dict) else None

@@ -75,7 +75,7 @@ class RowPacker:
                  int8_rows: int = 0) -> None:
         self.block_rows = block_rows
         self.provider = provider  # whose oneDNN product (kernels.onednn_gemm)
-        self.int8_rows = int8_rows  # products of at most this many rows read int8 groups
+        self.int8_rows = int8_rows  # products of at most this many rows read integer groups
         self._blocks: dict[tuple[int, int, int], onednn_gemm.Product] = {}  # (address, rows, d)
         self._bytes = 0
 

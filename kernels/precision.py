@@ -1,6 +1,6 @@
-"""Which bytes a product of b rows reads: the source file's int8 groups, or packed bf16.
+"""Which bytes a product of b rows reads: the source file's integer groups, or packed bf16.
 
-While a product is memory-bound its time is the bytes it reads, and int8 groups are about
+While a product is memory-bound its time is the bytes it reads, and integer groups are about
 half of bf16's (a Q8_0 row of 640 values: 680 bytes against 1280). Past a few rows the same
 read is shared by the batch and the GEMM's arithmetic decides; there oneDNN's blocked bf16
 kernels win. Where that crossover lies depends on the machine (AMX, AVX512-BF16, core
@@ -37,7 +37,7 @@ SWEEP_B = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 def int8_rows(weights: str, calibrated: int | None) -> int:
-    """Products of at most this many rows read int8 groups, under policy `weights`."""
+    """Products of at most this many rows read integer groups, under policy `weights`."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights {weights!r} not in {WEIGHTS}")
     if weights == "bf16":
@@ -71,7 +71,7 @@ def random_groups(n: int, k: int, seed: int = 0) -> IntGroups:
 
 def sweep(n: int, k: int, provider: str = "torch", bs: Sequence[int] = SWEEP_B,
           repeats: int = 7) -> dict:
-    """int8 groups against the packed bf16 product (oneDNN, with the bf16 GEMV at one row)
+    """integer groups against the packed bf16 product (oneDNN, with the bf16 GEMV at one row)
     of an [n, k] weight at each b. -> the calibration entry: sizes, seconds, bytes read,
     and `int8_rows`."""
     import torch

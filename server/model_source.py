@@ -29,7 +29,7 @@ DEMO_SAMPLE = WIKI_SAMPLE_A
 BUILT_IN = (DEMO, "tiny")
 # Bumped whenever the demo's heads are built differently (ranking, trimming), so a cached
 # demo from an older build is rebuilt on next start rather than served stale.
-# 4: the shipped 32k reading adapter; 5: the GGUF's int8 groups kept; 6: packed at 4/5 bits
+# 4: the shipped 32k reading adapter; 5: the GGUF's integer groups kept; 6: packed at 4/5 bits
 DEMO_BUILD = 6
 # The per-language evaluation the router's quality model is fitted on at build time: bytes
 # of each committed sample (one window, BOS each), 14 languages x every head. For the demo

@@ -26,7 +26,7 @@ class Settings(BaseSettings):
     # "auto": bfloat16 where the CPU has a bf16 GEMM (AVX512-BF16 or AMX), else float32.
     compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # Where the checkpoint keeps the model file's quantised values (the demo does: its GGUF's
-    # Q8_0/Q5_0/Q4_K blocks as int8 groups), which bytes the local engine's products read:
+    # Q8_0/Q5_0/Q4_K blocks as integer groups), which bytes the local engine's products read:
     # "auto" int8 while that is faster at the batch (calibrated per machine), "quantized"
     # always, "bf16" never.
     weights: Literal["auto", "quantized", "bf16"] = "auto"

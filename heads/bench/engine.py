@@ -230,7 +230,7 @@ def _bench_heads(ckpt: Checkpoint, batches: list[int], new_tokens: int, threads:
 
 def step_weight_bytes(model: MultiHeadModel, head: str, int8: bool) -> int:
     """Bytes of weights a one-row decode step of `head` reads: each backbone matrix and the
-    head's rows at their int8-group size where the engine reads those (`int8`), else in
+    head's rows at their integer-group size where the engine reads those (`int8`), else in
     the compute dtype. Norm vectors count too; the input embedding's one row does not."""
     total = 0
     for name, p in model.backbone.state_dict().items():

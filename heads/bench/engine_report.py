@@ -33,7 +33,7 @@ class BenchRow:
     # A mixed row's largest head alone, on the same prompt and in turns with the mix.
     alone_ms_per_step: float | None = None
     dtype: str = ""  # the compute dtype this engine ran (vLLM: what its `dtype` resolved to)
-    # Local engine: bytes of weights its one-row step reads (int8 groups where it read them,
+    # Local engine: bytes of weights its one-row step reads (integer groups where it read them,
     # the compute dtype elsewhere); 0 where not counted.
     weight_bytes: int = 0
 

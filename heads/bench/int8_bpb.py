@@ -1,5 +1,5 @@
-"""What reading the model file's int8 groups costs in quality: BPB per head and sample, the
-engine on `weights=quantized` (every product on int8 groups, activations quantised per group
+"""What reading the model file's integer groups costs in quality: BPB per head and sample, the
+engine on `weights=quantized` (every product on integer groups, activations quantised per group
 of 32 to int16) against `weights=bf16` (the dequantised bf16 build), on the committed
 per-language samples and the held-out wiki sample.
 

@@ -185,7 +185,7 @@ def _permuted_tensors(src: Path, manifest: Manifest, native: HeadSpec,
 
 def _permuted_int8(src: Path, manifest: Manifest, native: HeadSpec,
                    perm: torch.Tensor) -> dict[str, IntGroups]:
-    """The source's int8 groups (where it has them), the native head's matrices in the new
+    """The source's integer groups (where it has them), the native head's matrices in the new
     row order as in `_permuted_tensors`."""
     int8 = load_int_groups(src, manifest)
     v = native.vocab_size

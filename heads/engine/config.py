@@ -50,7 +50,7 @@ class EngineConfig:
     # largest head's rows or one pass per head; "always" / "never" force either.
     nested_heads: str = "auto"
     # CPU: which bytes a product of b rows reads where the checkpoint keeps the source file's
-    # int8 groups (kernels.precision): "auto" int8 up to the calibrated b, packed bf16 above;
+    # integer groups (kernels.precision): "auto" int8 up to the calibrated b, packed bf16 above;
     # "quantized" int8 always; "bf16" never.
     weights: str = "auto"
     device: str = "cpu"

@@ -67,7 +67,7 @@ class ModelRunner:
         guessed = device_spec(self.device)
         calibration = load_calibration(guessed.name)
         self.packed_rows: dict[str, PackedRows] = {}  # head -> its rows in oneDNN blocks
-        # Products of at most this many rows read the source file's int8 groups where the
+        # Products of at most this many rows read the source file's integer groups where the
         # checkpoint has them (kernels.precision); 0 without any.
         self.int8_rows = precision.int8_rows(
             config.weights, None if calibration is None else calibration.int8_rows()
@@ -79,7 +79,7 @@ class ModelRunner:
                      provider)
             self.packed_rows = _pack_heads(model, provider, self.int8_rows)
             if self.int8_rows:
-                log.info("products of at most %d rows read the file's int8 groups (%d "
+                log.info("products of at most %d rows read the file's integer groups (%d "
                          "tensors, %.1f MiB; weights=%s)", self.int8_rows, len(model.int8),
                          sum(g.nbytes for g in model.int8.values()) / 2**20, config.weights)
         b = model.manifest.backbone

@@ -46,7 +46,7 @@ class LoadedSource:
     chat_template: str | None
     origin: str  # where it was loaded from, for the manifest's `extra`
     extra: dict[str, Any] = field(default_factory=dict)
-    # The file's own quantised values of the tensors that have an int8-group form, by name
+    # The file's own quantised values of the tensors that have an integer-group form, by name
     # (GGUF; kernels.int_groups): kept beside the dequantised `tensors`.
     int8: dict[str, IntGroups] = field(default_factory=dict)
 

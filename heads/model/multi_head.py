@@ -170,7 +170,7 @@ class MultiHeadModel(nn.Module):
         return self._matrix(h.unembedding)[: h.vocab_size]
 
     def int8_prefix(self, rows: torch.Tensor) -> IntGroups | None:
-        """The int8 groups of `rows` [V, d] where they are the first V rows of a matrix whose
+        """The integer groups of `rows` [V, d] where they are the first V rows of a matrix whose
         groups the model holds (a nested head's rows are); None for any other tensor, such as
         a low-rank adapted head's folded copy."""
         for name, attr in self._matrix_attr.items():

@@ -56,7 +56,7 @@ class Checkpoint:
 def load_checkpoint(
     directory: Path, device: str = "cpu", compute_dtype: str | None = None, int8: bool = False
 ) -> Checkpoint:
-    """`int8`: also load the stored int8 groups, where the checkpoint has them, into
+    """`int8`: also load the stored integer groups, where the checkpoint has them, into
     `model.int8` (by tensor name) for the engine's quantised products."""
     manifest = check_weights(directory)
     # Tokenizers load once, here (a 262k-token tokenizer takes seconds to build).
@@ -87,7 +87,7 @@ def load_adapter_tensors(directory: Path, manifest: Manifest, device: str = "cpu
 
 
 def load_int_groups(directory: Path, manifest: Manifest) -> dict[str, IntGroups]:
-    """The checkpoint's int8 groups by tensor name ({} where it has none), checked against
+    """The checkpoint's integer groups by tensor name ({} where it has none), checked against
     the sha256 its manifest records."""
     meta = manifest.extra.get("int_groups")
     if not meta:

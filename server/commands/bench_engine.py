@@ -39,7 +39,7 @@ def register_bench(bsub: argparse._SubParsersAction) -> None:
                         "bf16 GEMM); stored: the checkpoint's")
     p.add_argument("--weights", choices=["auto", "quantized", "bf16"], default="auto",
                    help="which bytes the local engine's products read where the checkpoint "
-                        "keeps the model file's int8 groups (POLYHEAD_WEIGHTS): auto "
+                        "keeps the model file's integer groups (POLYHEAD_WEIGHTS): auto "
                         "(default) int8 up to the calibrated batch, bf16 the dequantised "
                         "weights only")
     p.add_argument("--out", type=Path, default=Path("bench-results"),

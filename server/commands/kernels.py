@@ -98,9 +98,9 @@ def _calibrate(args: argparse.Namespace) -> None:
 
 
 def _print_int8(entry: dict, mem_bw: float) -> None:
-    """The weights choice per b: the file's int8 groups against packed bf16."""
+    """The weights choice per b: the file's integer groups against packed bf16."""
     n, k = entry["shape"]
-    print(f"\nweights per product of b rows, [{n}, {k}] (int8 groups "
+    print(f"\nweights per product of b rows, [{n}, {k}] (integer groups "
           f"{entry['int8_bytes'] / 1e6:.0f} MB, bf16 {entry['bf16_bytes'] / 1e6:.0f} MB; "
           f"read bound at {mem_bw / 1e9:.1f} GB/s):")
     print(f"{'b':>4}{'int8 ms':>10}{'GB/s':>7}{'bf16 ms':>10}{'GB/s':>7}{'int8 / bf16':>13}"

@@ -1,5 +1,5 @@
-"""The engine reading int8 groups (weights=quantized) against the same values served as
-plain weights: a model whose matrices are exactly its int8 groups' values must write the same
+"""The engine reading integer groups (weights=quantized) against the same values served as
+plain weights: a model whose matrices are exactly its integer groups' values must write the same
 greedy tokens and score a prompt alike, whichever bytes its products read. Also the
 checkpoint file that carries the groups, with its sha256."""
 
@@ -32,7 +32,7 @@ def _quantise(w: torch.Tensor) -> IntGroups:
 
 
 def _int8_model(with_groups: bool):
-    """The tiny model with every matrix replaced by its int8 groups' exact values."""
+    """The tiny model with every matrix replaced by its integer groups' exact values."""
     model = tiny_model()
     with torch.no_grad():
         for name, p in [*model.backbone.named_parameters(prefix="backbone"),
