@@ -108,7 +108,7 @@ class IntGroups:
             u = u + 16 * fifth.to(torch.int16)
         return (u - _ZERO[self.bits]).to(torch.int8)
 
-    def _per_row(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> IntGroups:
+    def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> IntGroups:
         """Every per-row tensor through `fn` (a row slice, gather or permutation)."""
         return IntGroups(fn(self.values), fn(self.scales),
                          None if self.offsets is None else fn(self.offsets), self.bits,
@@ -116,15 +116,11 @@ class IntGroups:
 
     def rows(self, lo: int, hi: int) -> IntGroups:
         """Rows [lo, hi), as views."""
-        return self._per_row(lambda t: t[lo:hi])
+        return self.map_rows(lambda t: t[lo:hi])
 
     def take(self, index: torch.Tensor) -> IntGroups:
         """Rows in the order `index` [N'] gives (copies)."""
-        return self._per_row(lambda t: t[index])
-
-    def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> IntGroups:
-        """Rows rearranged by `fn`, applied to each per-row tensor (a head-wise reorder)."""
-        return self._per_row(fn)
+        return self.map_rows(lambda t: t[index])
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         # -> [N, K], exact in fp32
@@ -135,7 +131,7 @@ class IntGroups:
         return w.view(n, k).to(dtype)
 
     def contiguous(self) -> IntGroups:
-        return self._per_row(lambda t: t.contiguous())
+        return self.map_rows(lambda t: t.contiguous())
 
     def product(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """x [B, K] -> x @ W.T [B, N] in x's dtype (fp32 sums). The closure holds contiguous
