@@ -17,9 +17,11 @@ vLLM path was measured in bf16 only).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch loads with the first product: the engine's config imports PROVIDERS
@@ -30,6 +32,28 @@ if TYPE_CHECKING:  # torch loads with the first product: the engine's config imp
 log = logging.getLogger(__name__)
 
 GEMV_ROWS = 1  # products of at most this many rows stream through polyhead's bf16 GEMV
+
+# A product inside `rows_as(n)` chooses its bytes as a product of n rows would. A verify
+# (heads.engine.drafting) multiplies k + 1 rows per sequence, each of which a plain step
+# would have multiplied alone: reading the same bytes keeps it the same function.
+_ROWS_AS: contextvars.ContextVar[int | None] = contextvars.ContextVar("rows_as", default=None)
+
+
+@contextlib.contextmanager
+def rows_as(n: int) -> Iterator[None]:
+    token = _ROWS_AS.set(n)
+    try:
+        yield
+    finally:
+        _ROWS_AS.reset(token)
+
+
+def deciding_rows(rows: int) -> int:
+    """The row count a product of `rows` rows chooses its bytes by (see `rows_as`)."""
+    override = _ROWS_AS.get()
+    return rows if override is None else override
+
+
 TORCH_HINT = 16  # torch's batch-size hint for its blocked layout (8..128 were within noise)
 VLLM_HINT = 32  # the M hint stock vLLM packs its linears with
 PROVIDERS = ("auto", "torch", "vllm")
@@ -92,7 +116,7 @@ def pack(weight: torch.Tensor, provider: str, int8: IntGroups | None = None,
         if tuple(int8.shape) != tuple(weight.shape):
             raise ValueError(f"int groups {int8.shape} for a weight {tuple(weight.shape)}")
         few = int8.product()
-        return lambda x: few(x) if x.shape[0] <= int8_rows else product(x)
+        return lambda x: few(x) if deciding_rows(x.shape[0]) <= int8_rows else product(x)
     if weight.dtype != torch.bfloat16 or weight.shape[1] % 32 or not gemv_available():
         return product
     # B = 1 is a pure stream of the weight: oneDNN read [131072, 640] at 11.0-11.2 GB/s on
@@ -100,7 +124,13 @@ def pack(weight: torch.Tensor, provider: str, int8: IntGroups | None = None,
     # plain sum at 13.7-14.3 (huge pages). From B = 4 oneDNN's blocked kernels win.
     plain = weight.clone()  # [N, K], allocated with the packed copy (kernels.huge_pages)
     gemv = torch.ops.polyhead.gemv_bf16
-    return lambda x: gemv(x.contiguous(), plain) if x.shape[0] <= GEMV_ROWS else product(x)
+
+    def streamed(x: torch.Tensor) -> torch.Tensor:  # the op takes up to 4 rows a call
+        if x.shape[0] <= 4:
+            return gemv(x.contiguous(), plain)
+        return torch.cat([gemv(x[i:i + 4].contiguous(), plain) for i in range(0, len(x), 4)])
+
+    return lambda x: streamed(x) if deciding_rows(x.shape[0]) <= GEMV_ROWS else product(x)
 
 
 def gemv_available() -> bool:

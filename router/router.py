@@ -281,9 +281,35 @@ class Router:
             c = _within_bound(c, features, profiles)
         if features.session is not None:
             c = self._affine(c, features, profiles, remember)
+        drafter = self._drafter(c.head, active.spec)
+        if drafter is not None:  # exact: the native head writes, a reading drafts
+            native = self._native().name
+            c = Choice(native, f"max_bpb_loss 0: the native head {native} writes every token "
+                               f"and {drafter} drafts them for it to verify (the policy chose "
+                               f"{c.head}: {c.reason})", "exact", c.costs)
         return Decision(c.head, active.spec.name, active.version, c.reason, c.costs, c.code,
                         inputs_of(snap, live_batch(snap)), time.time(),
-                        request_record(features), self._ladder(c.head, active.spec)), features
+                        request_record(features),
+                        () if drafter else self._ladder(c.head, active.spec),
+                        drafter), features
+
+    def _native(self) -> HeadProfile:
+        return max((p for p in self.profiles if p.reads is None), key=lambda p: p.vocab_size)
+
+    def _drafter(self, head: str, spec: PolicySpec) -> str | None:
+        """Under a zero quality bound, where the engine measures readings: the reading that
+        drafts for the native head (heads.engine.drafting), the chosen one when the policy
+        chose a reading, else the cheapest routable one; None otherwise."""
+        if not self.measured_readings or spec.name == "pinned" \
+                or getattr(spec.params, "max_bpb_loss", None) != 0:
+            return None
+        native = self._native()
+        readings = sorted((p for p in self.profiles if p.reads is not None
+                           and p.name not in self._drained), key=lambda p: p.vocab_size)
+        if native.name in self._drained or not readings:
+            return None
+        by_name = {p.name: p for p in readings}
+        return head if head in by_name else readings[0].name
 
     def _ladder(self, head: str, spec: PolicySpec) -> tuple[str, ...]:
         """`head` and the routable native-stream heads above it, up to the native head, when
@@ -292,8 +318,7 @@ class Router:
         if not self.measured_readings or by_name[head].reads is None \
                 or spec.name == "pinned" or getattr(spec.params, "max_bpb_loss", None) is None:
             return ()
-        native = max((p for p in self.profiles if p.reads is None),
-                     key=lambda p: p.vocab_size)
+        native = self._native()
         if native.name in self._drained:
             return ()
         above = sorted((p for p in self.profiles if p.reads is not None

@@ -24,7 +24,7 @@ Clock = Callable[[], float]
 # Every decision's reason code; a fixed set, so it can label a Prometheus counter.
 REASON_CODES = ("best", "hysteresis", "dwell", "flap_cap", "pinned", "weighted",
                 "request_pin", "spill", "content", "quality_bound",
-                "affinity")
+                "affinity", "exact")
 
 
 class Stabilizer:

@@ -186,6 +186,7 @@ def engine_config(settings: Settings, manifest: Manifest) -> EngineConfig:
         max_model_len=settings.max_model_len,  # None: the backbone's context
         enable_prefix_caching=settings.prefix_caching,
         weights=settings.weights,
+        num_draft_tokens=settings.num_draft_tokens,
     )
 
 

@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     # "auto" int8 while that is faster at the batch (calibrated per machine), "quantized"
     # always, "bf16" never.
     weights: Literal["auto", "quantized", "bf16"] = "auto"
+    # Exact drafting under max_bpb_loss 0 (local engine): drafts per verify. None: chosen
+    # per batch from the engine's measured step times and each sequence's acceptance.
+    num_draft_tokens: int | None = Field(default=None, ge=0, le=16)
     cache_dir: Path = Field(default_factory=default_cache_root)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)

@@ -43,6 +43,12 @@ log = logging.getLogger(__name__)
 _BlockKey = tuple[str, tuple[int, ...], int]  # (head, token ids of the block, group)
 
 
+def _floor(seq: Sequence) -> int:
+    """The fewest tokens the sequence can have at its next step: a drafting one may drop
+    its pending drafts (all but the verify's own token), so its window must reach back."""
+    return min(seq.num_tokens, seq.committed_tokens + 1)
+
+
 def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
@@ -238,16 +244,18 @@ class BlockManager:
 
     def can_append(self, seq: Sequence) -> bool:
         """Room to write the KV of the sequence's last token (the next decode step)."""
-        n = seq.num_tokens
+        n, floor = seq.num_tokens, _floor(seq)
         need = sum(1 for t in seq.block_tables if len(t) < blocks_for(n, self.block_size))
         released = sum(1 for w, t in zip(self.windows, seq.block_tables, strict=True)
-                       for b in t[:self._lo(w, n)] if b != self.pad and self._blocks[b].ref == 1)
+                       for b in t[:self._lo(w, floor)]
+                       if b != self.pad and self._blocks[b].ref == 1)
         return need <= self.num_free + released
 
     def trim(self, seq: Sequence) -> None:
         """Hand back the sliding groups' blocks that no query of the sequence can reach
-        any more (the next one is at position num_tokens - 1)."""
-        n = seq.num_tokens
+        any more (the next one is at position num_tokens - 1, or earlier after a drafting
+        sequence's rejected drafts are dropped)."""
+        n = _floor(seq)
         for w, table in zip(self.windows, seq.block_tables, strict=True):
             if w is None:
                 continue
@@ -262,14 +270,23 @@ class BlockManager:
         for table in seq.block_tables:
             if len(table) < blocks_for(n, bs):
                 table.append(self._take())
-        if n % bs == 0:  # this step's token completes the last block: key it
-            toks = tuple(seq.token_ids[n - bs:n])
+        # This step writes the KV of token n - 1: key the blocks it completes, but never
+        # one holding an unverified draft (a rejection rewrites its tail).
+        self.key_full_blocks(seq, min(n, seq.committed_tokens))
+
+    def key_full_blocks(self, seq: Sequence, upto: int) -> None:
+        """Key the sequence's full blocks whose tokens all lie before `upto` and are not
+        keyed yet (each block's key chains on the one before it)."""
+        bs, ids = self.block_size, seq.token_ids
+        while len(seq.block_hashes) < upto // bs:
+            i = len(seq.block_hashes)
+            toks = tuple(ids[i * bs:(i + 1) * bs])
             parent = seq.block_hashes[-1] if seq.block_hashes else None
-            if len(seq.block_hashes) == n // bs - 1:
-                h = chain_hash(parent, self._stream(seq), toks)
-                seq.block_hashes.append(h)
-                for g, table in enumerate(seq.block_tables):
-                    self._register(table[-1], (h, toks), self._stream(seq), g)
+            h = chain_hash(parent, self._stream(seq), toks)
+            seq.block_hashes.append(h)
+            for g, table in enumerate(seq.block_tables):
+                if table[i] != self.pad:
+                    self._register(table[i], (h, toks), self._stream(seq), g)
 
     def free(self, seq: Sequence) -> None:
         for table in seq.block_tables:

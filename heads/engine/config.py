@@ -53,6 +53,9 @@ class EngineConfig:
     # integer groups (kernels.precision): "auto" int8 up to the calibrated b, packed bf16 above;
     # "quantized" int8 always; "bf16" never.
     weights: str = "auto"
+    # Exact drafting (heads.engine.drafting): drafts a sequence collects before the native
+    # head verifies them. None: chosen per batch from measured step times and acceptance.
+    num_draft_tokens: int | None = None
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -63,6 +66,8 @@ class EngineConfig:
         if self.nested_heads not in ("auto", "always", "never"):
             raise ValueError(f"EngineConfig.nested_heads: {self.nested_heads!r} not in "
                              "('auto', 'always', 'never')")
+        if self.num_draft_tokens is not None and not 0 <= self.num_draft_tokens <= 16:
+            raise ValueError("EngineConfig.num_draft_tokens must be in [0, 16] or None")
         for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"EngineConfig.{name} must be > 0")

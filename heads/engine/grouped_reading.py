@@ -31,7 +31,7 @@ from heads.model.adapter import HeadOutput
 from heads.model.weights import Checkpoint
 from heads.vocab.piece_groups import PieceGroups
 from heads.vocab.tokenizer import HeadTokenizer
-from kernels.reference import sample_from_logits
+from kernels import rng
 from kernels.sampling_params import SampleOutput, SamplingBatch
 
 LEVEL2_STREAM = 0x2545F4914F6CDD1D  # xor'ed into the seed: level 2's noise stream
@@ -106,13 +106,20 @@ class GroupedReading:
         return out - group_lse
 
     def second_level(self, native: HeadOutput, hidden: torch.Tensor, first: SampleOutput,
-                     batch: SamplingBatch) -> SampleOutput:
+                     batch: SamplingBatch, coupled: torch.Tensor | None = None
+                     ) -> SampleOutput:
         """hidden: [b, d], the rows level 1 sampled `first.token_ids` (pieces, < V) for.
         -> native ids [b] and, where level 1 reported them, the summed logprobs [b]. Rows
-        that sampled the same piece share one read of its group's rows."""
+        that sampled the same piece share one read of its group's rows. `coupled` [b] bool:
+        rows that draft for the native head (heads.engine.drafting) draw the native head's
+        own noise at each member's id, so they agree with its sample when they can; the
+        others draw from the level-2 stream."""
         pieces = first.token_ids.cpu()
         tokens = pieces.clone()
         logprobs = None if first.logprobs is None else first.logprobs.clone()
+        seeds = batch.seed ^ LEVEL2_STREAM
+        if coupled is not None:
+            seeds = torch.where(coupled, batch.seed, seeds)
         lo, hi = self.offsets[pieces], self.offsets[pieces + 1]
         wide = torch.nonzero(hi - lo > 1).squeeze(1)
         for p in torch.unique(pieces[wide]).tolist():
@@ -120,13 +127,25 @@ class GroupedReading:
             ids = self.members[self.offsets[p]:self.offsets[p + 1]].to(native.weight.device)
             h = native.hidden(hidden[rows.to(hidden.device)])  # [k, d]
             logits = (h @ native.weight[ids].T).float()  # [k, n_p]
-            k = len(rows)
-            sub = SamplingBatch(batch.temperature[rows], torch.ones(k),
-                                torch.zeros(k, dtype=torch.int64),
-                                batch.seed[rows] ^ LEVEL2_STREAM, batch.position[rows],
-                                want_logprobs=logprobs is not None)
-            out = sample_from_logits(logits, sub)
-            tokens[rows] = ids[out.token_ids].cpu()
-            if logprobs is not None and out.logprobs is not None:
-                logprobs[rows] += out.logprobs.to(logprobs.dtype).cpu()
+            pick = _sample_members(logits, ids, batch.temperature[rows], seeds[rows],
+                                   batch.position[rows])
+            tokens[rows] = ids[pick].cpu()
+            if logprobs is not None:
+                lp = torch.log_softmax(logits, dim=-1).gather(1, pick[:, None]).squeeze(1)
+                logprobs[rows] += lp.to(logprobs.dtype).cpu()
         return SampleOutput(tokens.to(first.token_ids.device), logprobs)
+
+
+def _sample_members(logits: torch.Tensor, ids: torch.Tensor, temperature: torch.Tensor,
+                    seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max over one group's members: logits [k, n_p], ids [n_p] native ids -> [k]
+    member indices. The noise is keyed by native id (kernels.rng), so with the native
+    head's seed it is exactly the noise that head draws for these ids; greedy rows
+    (temperature 0) take the argmax."""
+    pick = torch.argmax(logits, dim=-1)
+    hot = torch.nonzero(temperature > 0).squeeze(1)
+    if hot.numel():
+        t = temperature[hot].to(logits.device)[:, None]
+        noise = rng.gumbel(seed[hot].to(logits.device), position[hot].to(logits.device), ids)
+        pick[hot] = torch.argmax(logits[hot] / t + noise, dim=-1)
+    return pick

@@ -22,8 +22,8 @@ from heads.engine.grammar import GrammarCompiler
 from heads.engine.grouped_reading import GroupedReading
 from heads.engine.model_runner import ModelRunner
 from heads.engine.scheduler import Scheduler
-from heads.engine.sequence import LadderState, Sequence
-from heads.engine.types import GenerationRequest, HeadLoad, StepTiming, TokenEvent
+from heads.engine.sequence import DraftState, LadderState, Sequence
+from heads.engine.types import DraftTally, GenerationRequest, HeadLoad, StepTiming, TokenEvent
 from heads.errors import EngineError, EngineStopped, EngineUnsupported
 from heads.model.multi_head import MultiHeadModel
 
@@ -157,6 +157,15 @@ class LocalEngine:
         q = self._runner.quality
         return q.prefill_seconds, q.probe_seconds
 
+    def drafting_tallies(self) -> dict[str, DraftTally]:
+        """Exact drafting so far, per drafter: drafts judged and accepted, verifies, the
+        tokens they committed and their seconds."""
+        return self._runner.drafting.tallies()
+
+    def draft_k(self) -> int:
+        """The k the last drafting step chose (heads.engine.drafting)."""
+        return self._runner.drafting.last_k
+
     def drain_step_timings(self) -> list[StepTiming]:
         """Step timings since the last call (one reader: the gateway's calibration)."""
         out = []
@@ -193,7 +202,18 @@ class LocalEngine:
         if req.ladder is not None:
             self._check_ladder(req)
             seq.quality = LadderState(req.ladder)
+        if req.drafter is not None:
+            self._check_drafter(req)
+            if _can_draft(seq):
+                seq.draft = DraftState(req.drafter, req.head)
         return seq
+
+    def _check_drafter(self, req: GenerationRequest) -> None:
+        native = self.model.manifest.native.name
+        if req.head != native or req.drafter not in self.readings or req.ladder is not None:
+            raise EngineError(f"exact drafting runs on the native head ({native!r}) with a "
+                              f"served reading as its drafter ({sorted(self.readings)}) and "
+                              f"no ladder; got head {req.head!r}, drafter {req.drafter!r}")
 
     def _check_ladder(self, req: GenerationRequest) -> None:
         assert req.ladder is not None
@@ -259,20 +279,28 @@ class LocalEngine:
             out = self._runner.run(seqs, is_prefill)
             self._timings.append(_timing(seqs, is_prefill, time.perf_counter() - started))
             with self._cond:
-                reasons = self._scheduler.postprocess(seqs, out.token_ids)
+                results = self._scheduler.postprocess(seqs, out.token_ids, out.drafts)
                 none = [None] * len(seqs)
                 scores = out.prompt_scores or none
                 tops = out.tops or none
                 prompts = out.prompt_logprobs or none
-                for seq, tok, lp, reason, score, top, plps in zip(
-                        seqs, out.token_ids, out.logprobs, reasons, scores, tops, prompts,
+                drafts = out.drafts or none
+                for seq, lp, (committed, reason), score, top, plps, d in zip(
+                        seqs, out.logprobs, results, scores, tops, prompts, drafts,
                         strict=True):
-                    first = len(seq.output_ids) == 1
-                    cached = seq.cached_prompt_tokens if first else None
-                    event = TokenEvent(tok, lp, reason, score, cached, top, plps)
-                    if seq.quality is not None:
-                        event = _with_ladder(event, seq, first)
-                    self._send(seq.seq_id, event)
+                    lps = d.logprobs if d is not None and d.row is None else (lp,)
+                    before = len(seq.output_ids) - len(committed)
+                    for j, tok in enumerate(committed):
+                        first = before + j == 0
+                        last = j == len(committed) - 1
+                        cached = seq.cached_prompt_tokens if first else None
+                        event = TokenEvent(
+                            tok, lps[j] if seq.want_logprobs else None,
+                            reason if last else None, score if first else None, cached,
+                            top if j == 0 else None, plps if first else None)
+                        if seq.quality is not None:
+                            event = _with_ladder(event, seq, first)
+                        self._send(seq.seq_id, event)
         except Exception as e:
             log.exception("engine step failed; failing its requests")
             with self._cond:
@@ -302,6 +330,14 @@ class LocalEngine:
             loop.call_soon_threadsafe(queue.put_nowait, item)
         except RuntimeError:  # its event loop is closed
             self._streams.pop(seq_id, None)
+
+
+def _can_draft(seq: Sequence) -> bool:
+    """Whether a sequence's options survive drafting. A grammar, logit rules, alternatives
+    and prompt scores need the native head's whole row at every step, so such a sequence
+    runs natively (still exact, at the native head's speed)."""
+    return (seq.constraint is None and not seq.rules.shapes and seq.top_logprobs == 0
+            and seq.prompt_logprobs is None and not seq.score_prompt)
 
 
 def _with_ladder(event: TokenEvent, seq: Sequence, first: bool) -> TokenEvent:

@@ -16,6 +16,7 @@ import torch
 
 from heads.engine.config import EngineConfig
 from heads.engine.cpu_linear import pack_linears, packing_available
+from heads.engine.drafting import DraftOutcome, DraftPlanner, accepted_prefix, drafters_of
 from heads.engine.grouped_reading import GroupedReading
 from heads.engine.logit_rules import few_id_changes, row_biases
 from heads.engine.logprob_tops import prompt_tops, sampled_tops
@@ -48,6 +49,8 @@ class StepOutput:
     # Where asked for (heads.engine.logprob_tops); None when no sequence asked.
     tops: list[TokenLogprobs | None] | None = None
     prompt_logprobs: list[tuple[TokenLogprobs, ...] | None] | None = None
+    # Exact drafting (heads.engine.drafting): per sequence, None where it is not drafting.
+    drafts: list[DraftOutcome | None] | None = None
 
 
 class ModelRunner:
@@ -119,6 +122,7 @@ class ModelRunner:
             packed = None
         self.quality = QualityController(model.head_output, self.readings, self.native,
                                          packed.logits if packed is not None else None)
+        self.drafting = DraftPlanner(fixed_k=config.num_draft_tokens)
 
     def release_openmp_workers(self) -> None:
         """Releases the calling thread's OpenMP workers (heads/model/native/thread_pool.cpp):
@@ -209,6 +213,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> StepOutput:
+        step_started = time.perf_counter()
+        self.drafting.plan(seqs)  # drafting sequences: on their drafter, or verifying
         prepare = self._prepare_prefill if is_prefill else self._prepare_decode
         ids, positions, meta, last = prepare(seqs)
         token_heads = (
@@ -229,14 +235,49 @@ class ModelRunner:
         if not is_prefill and any(s.quality is not None for s in seqs):
             self.quality.at_decode(seqs, hidden)  # may move a sequence before it samples
 
-        token_ids, logprobs = self._unembed(seqs, hidden)
+        rows = _Rows.of(seqs, hidden)
+        started = time.perf_counter()
+        tokens, lps = self._unembed(rows)
+        drafts = (self._drafts(seqs, rows, tokens, lps, time.perf_counter() - started)
+                  if rows.drafting else None)
+        token_ids, logprobs = tokens[:len(seqs)], lps[:len(seqs)]
         tops = sampled_tops(hidden, seqs, token_ids, self.model.head_output)
-        return StepOutput(token_ids, logprobs, scores, tops, prompt_lps)
+        if drafts is not None and not is_prefill and all(
+                s.draft is not None or s.head == self.native for s in seqs):
+            # what the planner prices k with: this batch's step at this many native rows
+            self.drafting.costs.observe(drafters_of(seqs), len(seqs),
+                                        rows.heads.count(self.native),
+                                        time.perf_counter() - step_started)
+        return StepOutput(token_ids, logprobs, scores, tops, prompt_lps, drafts)
 
-    def _unembed(self, seqs: list[Sequence], hidden: torch.Tensor
-                 ) -> tuple[list[int], list[float | None]]:
-        # hidden: [B, d], one row per sequence. Groups whose heads are prefixes of one matrix
-        # may share one pass over the largest head's rows (kernels/nested.py).
+    def _drafts(self, seqs: list[Sequence], rows: _Rows, tokens: list[int],
+                lps: list[float | None], seconds: float) -> list[DraftOutcome | None]:
+        """What each drafting sequence's step did: drafted a token from its row, or verified
+        its pending drafts (rows.extra) and the step's own row on the native head.
+        `seconds`: the step's unembedding, shared among its verifies."""
+        out: list[DraftOutcome | None] = [None] * len(seqs)
+        share = seconds / max(1, len(rows.extra))
+        for i, s in enumerate(seqs):
+            if s.draft is None:
+                continue
+            if s.head != s.draft.native:
+                out[i] = DraftOutcome(rows.hidden[i].clone())
+                continue
+            at = rows.extra.get(i, [])
+            native = [tokens[j] for j in at] + [tokens[i]]  # row j: draft j's position
+            drafts = s.output_ids[len(s.output_ids) - len(at):]
+            n = accepted_prefix(drafts, native)
+            tokens[i] = native[n]
+            self.drafting.record(s.draft.drafter, min(n + 1, len(drafts)), n, share)
+            kept = [lps[j] for j in [*at, i]][:n + 1]
+            out[i] = DraftOutcome(None, n, tuple(kept))
+        return out
+
+    def _unembed(self, rows: _Rows) -> tuple[list[int], list[float | None]]:
+        # rows.hidden: [R, d]: one row per sequence, then the pending drafts' rows of the
+        # verifying sequences. Groups whose heads are prefixes of one matrix may share one
+        # pass over the largest head's rows (kernels/nested.py).
+        seqs, hidden = rows.owners, rows.hidden
         token_ids: list[int] = [0] * len(seqs)
         logprobs: list[float | None] = [None] * len(seqs)
         free = [i for i, s in enumerate(seqs) if not needs_row(s)]
@@ -244,9 +285,9 @@ class ModelRunner:
             if needs_row(seqs[i]):  # a grammar or a logit rule needs the row's logits
                 token_ids[i], logprobs[i] = sample_row(
                     self.model.head_output(seqs[i].head), hidden[i:i + 1], seqs[i])
-        groups = [_Group(head, [free[j] for j in rows], seqs, self.model.head_output(head),
+        groups = [_Group(head, [free[j] for j in r], rows, self.model.head_output(head),
                          self.device)
-                  for head, rows in _groups([seqs[i].head for i in free]).items()]
+                  for head, r in _groups([rows.heads[i] for i in free]).items()]
         for shared in _by_rows(groups).values():
             if len(shared) > 1 and self._nest(shared):
                 self._run_nested(shared, hidden)
@@ -257,8 +298,9 @@ class ModelRunner:
             assert g.out is not None
             reading = self.readings.get(g.head)
             if reading is not None:  # the piece picked its group; the group's rows pick t
-                g.out = reading.second_level(self.model.head_output(self.native),
-                                             hidden[self._tensor(g.rows)], g.out, g.batch)
+                g.out = reading.second_level(
+                    self.model.head_output(self.native), hidden[self._tensor(g.rows)], g.out,
+                    g.batch, coupled=torch.tensor([seqs[i].draft is not None for i in g.rows]))
             toks = g.out.token_ids.tolist()
             lps = g.out.logprobs.tolist() if g.out.logprobs is not None else [None] * len(g.rows)
             for i, t, lp in zip(g.rows, toks, lps, strict=True):
@@ -272,8 +314,9 @@ class ModelRunner:
             len(g.rows), weight.shape[0], weight.shape[1], dtype_name(weight.dtype),
             batch_mode(g.batch, weight.shape[0]), self.device_spec,
         )
-        g.out = run_plan(plan, g.head_out.hidden(hidden[self._tensor(g.rows)]), weight, g.batch,
-                         g.bias, self.packed_rows.get(g.head))
+        with onednn_gemm.rows_as(g.sequences):  # a verify's rows read a plain step's bytes
+            g.out = run_plan(plan, g.head_out.hidden(hidden[self._tensor(g.rows)]), weight,
+                             g.batch, g.bias, self.packed_rows.get(g.head))
         self._count(g.head, plan.kernel)
 
     def _nest(self, groups: list[_Group]) -> bool:
@@ -306,8 +349,9 @@ class ModelRunner:
         b_eff = effective_batch([GroupShape(len(g.rows), g.vocab) for g in groups])
         plan = self.selector.choose(b_eff, vmax, weight.shape[1], dtype_name(weight.dtype),
                                     batch_mode(batch, row_vocab), self.device_spec)
-        out = nested.unembed_and_sample(plan.kernel, h, weight, row_vocab, batch, bias,
-                                        self.packed_rows.get(top.head))
+        with onednn_gemm.rows_as(sum(g.sequences for g in groups)):
+            out = nested.unembed_and_sample(plan.kernel, h, weight, row_vocab, batch, bias,
+                                            self.packed_rows.get(top.head))
         at = 0
         for g in groups:
             n = len(g.rows)
@@ -355,16 +399,47 @@ def _pack_heads(model: MultiHeadModel, provider: str, int8_rows: int) -> dict[st
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """The rows a step unembeds: one per sequence (its last token), then each verifying
+    sequence's pending drafts, sampled at the positions the drafts were sampled at."""
+
+    hidden: torch.Tensor  # [R, d]
+    owners: list[Sequence]  # [R]
+    positions: list[int]  # [R]: index of the token each row samples
+    heads: list[str]  # [R]
+    extra: dict[int, list[int]]  # sequence index -> its draft rows' indices, in order
+    drafting: bool
+
+    @classmethod
+    def of(cls, seqs: list[Sequence], hidden: torch.Tensor) -> _Rows:
+        owners, positions = list(seqs), [s.num_tokens for s in seqs]
+        heads = [s.head for s in seqs]
+        parts, extra = [hidden], {}
+        for i, s in enumerate(seqs):
+            if s.draft is None or s.head != s.draft.native or not s.draft.pending:
+                continue
+            n = s.draft.pending
+            extra[i] = list(range(len(owners), len(owners) + n))
+            owners += [s] * n
+            positions += range(s.num_tokens - n, s.num_tokens)
+            heads += [s.head] * n
+            parts.append(torch.stack(s.draft.rows).to(hidden.dtype))
+        return cls(torch.cat(parts) if extra else hidden, owners, positions, heads, extra,
+                   any(s.draft is not None for s in seqs))
+
+
 class _Group:
     """One head's rows of a step, its sampling batch and what its logits come from."""
 
-    def __init__(self, head: str, rows: list[int], seqs: list[Sequence],
-                 head_out: HeadOutput, device: torch.device) -> None:
+    def __init__(self, head: str, rows: list[int], step: _Rows, head_out: HeadOutput,
+                 device: torch.device) -> None:
         self.head, self.rows, self.head_out = head, rows, head_out
-        group = [seqs[i] for i in rows]
+        group = [step.owners[i] for i in rows]
+        self.sequences = len({id(s) for s in group})  # fewer than rows where one verifies
         self.batch = SamplingBatch.from_rows(
             [s.params for s in group],
-            [s.num_tokens for s in group],  # index of the token being sampled
+            [step.positions[i] for i in rows],  # index of the token being sampled
             want_logprobs=any(s.want_logprobs for s in group),
         )
         # The head's [V] bias, or [n, Vb] with the rows' few-id rules added (min_tokens'

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Sequence as Sequence_
 
 from heads.engine.block_manager import BlockManager
+from heads.engine.drafting import DraftOutcome
 from heads.engine.sequence import Sequence, SequenceStatus
 from heads.errors import EngineOverloaded
 
@@ -103,23 +105,37 @@ class Scheduler:
         return batch, False
 
     def _preempt(self, seq: Sequence) -> None:
+        seq.drop_drafts()  # recomputed from its verified tokens
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[str | None]:
-        """Append one sampled token per sequence; free the finished ones. -> finish reasons."""
-        reasons: list[str | None] = []
-        for seq, tok in zip(seqs, token_ids, strict=True):
-            reason = seq.append(tok, self.max_model_len)
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int],
+                    drafts: Sequence_[DraftOutcome | None] | None = None
+                    ) -> list[tuple[list[int], str | None]]:
+        """Append each sequence's step: its sampled token, a draft (held back), or the
+        tokens a verify committed; free the finished ones. -> per sequence (the tokens the
+        client now gets, the finish reason)."""
+        out: list[tuple[list[int], str | None]] = []
+        for i, (seq, tok) in enumerate(zip(seqs, token_ids, strict=True)):
+            d = drafts[i] if drafts is not None else None
+            if d is None:
+                committed, reason = [tok], seq.append(tok, self.max_model_len)
+            elif d.row is not None:
+                seq.append_draft(tok, d.row, self.max_model_len)
+                committed, reason = [], None
+            else:
+                committed, reason = seq.commit(d.accepted, tok, self.max_model_len)
+                # the verified blocks whose KV is written: all but the new token's
+                self.block_manager.key_full_blocks(seq, seq.num_tokens - 1)
             if reason is not None:
                 self.finish(seq, reason)
             else:  # sliding-window blocks the next step cannot reach go back now
                 self.block_manager.trim(seq)
-            reasons.append(reason)
-        return reasons
+            out.append((committed, reason))
+        return out
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a sequence wherever it is (running, waiting) and release its blocks."""

@@ -7,6 +7,7 @@ import itertools
 import logging
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from heads.engine.types import (
     NO_LOGIT_RULES,
@@ -17,6 +18,9 @@ from heads.engine.types import (
     TokenConstraint,
 )
 from kernels.row_params import RowParams
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,23 @@ class LadderState:
         return kl / h if h > 0 else 0.0
 
 
+@dataclass(slots=True)
+class DraftState:
+    """Exact drafting (heads.engine.drafting): the drafter's tokens after the last verified
+    one sit at the end of output_ids until the native head verifies them."""
+
+    drafter: str  # a reading of the native head: it emits native ids
+    native: str
+    verified: int = 0  # output tokens the native head has verified (the client has them)
+    rows: list[torch.Tensor] = field(default_factory=list)  # [d] hidden row of each draft
+    verify_next: bool = False  # a draft the next step must not extend (a stop id, a limit)
+    drafted: int = 0  # drafts verified so far, and how many of them were accepted
+    accepted: int = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self.rows)
+
 
 @dataclass(slots=True, eq=False)
 class Sequence:
@@ -66,6 +87,7 @@ class Sequence:
     constraint: TokenConstraint | None = None  # structured output (heads.engine.grammar)
     rules: LogitRules = NO_LOGIT_RULES  # logit-shaping extensions (heads.engine.logit_rules)
     quality: LadderState | None = None  # measured quality control (heads.engine.quality_control)
+    draft: DraftState | None = None  # exact drafting (heads.engine.drafting)
     seq_id: int = field(default_factory=lambda: next(_ids))  # engine-unique, unlike request_id
     output_ids: list[int] = field(default_factory=list)
     # One block table per KV group (heads.engine.kv_layout); a sliding group's entries behind
@@ -115,6 +137,49 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def committed_tokens(self) -> int:
+        """Prompt and output tokens the client has: all but the unverified drafts."""
+        return self.num_tokens - (self.draft.pending if self.draft is not None else 0)
+
+    def append_draft(self, token_id: int, row: torch.Tensor, max_model_len: int) -> None:
+        """Record a drafted token and the hidden row [d] it was drafted from. No finish
+        reason yet: only the verified token may end the sequence, so a draft that would
+        (a stop id, the length limit) makes the next step verify instead of drafting on."""
+        assert self.draft is not None
+        self.output_ids.append(token_id)
+        self.draft.rows.append(row)
+        if (token_id in self.stop_token_ids or len(self.output_ids) >= self.max_tokens
+                or self.num_tokens >= max_model_len):
+            self.draft.verify_next = True
+
+    def commit(self, accepted: int, native_token: int, max_model_len: int
+               ) -> tuple[list[int], str | None]:
+        """After a verify: keep the first `accepted` drafts, drop the rest, then append the
+        native head's token. -> (the tokens that reach the client, the finish reason)."""
+        draft = self.draft
+        assert draft is not None
+        drafts = self.output_ids[len(self.output_ids) - draft.pending:]
+        del self.output_ids[len(self.output_ids) - draft.pending:]
+        draft.drafted += min(accepted + 1, len(drafts))
+        draft.accepted += accepted
+        draft.rows, draft.verify_next = [], False
+        out: list[int] = []
+        reason = None
+        for tok in [*drafts[:accepted], native_token]:
+            out.append(tok)
+            reason = self.append(tok, max_model_len)
+            if reason is not None:
+                break
+        draft.verified = len(self.output_ids)
+        return out, reason
+
+    def drop_drafts(self) -> None:
+        """Forget the unverified drafts (a preemption recomputes from verified tokens)."""
+        if self.draft is not None and self.draft.pending:
+            del self.output_ids[len(self.output_ids) - self.draft.pending:]
+            self.draft.rows, self.draft.verify_next = [], False
 
     def append(self, token_id: int, max_model_len: int) -> str | None:
         """Record a sampled token; returns the finish reason it causes, if any."""

@@ -149,6 +149,9 @@ class GenerationRequest:
     structured: StructuredSpec | None = None  # constrain the output to a grammar
     rules: LogitRules = NO_LOGIT_RULES  # vLLM's logit-shaping extensions
     ladder: QualityLadder | None = None  # measured quality control; rungs[0] is `head`
+    # Exact drafting (heads.engine.drafting): a reading of the native head `head` drafts,
+    # the native head verifies; the output is the native head's, token for token.
+    drafter: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +174,17 @@ class TokenEvent:
 class HeadLoad:
     running: int
     waiting: int
+
+
+@dataclass(frozen=True, slots=True)
+class DraftTally:
+    """One drafter's verifies so far (exact drafting, heads.engine.drafting)."""
+
+    drafted: int = 0  # drafts the native head judged (up to the first rejected one)
+    accepted: int = 0
+    verifies: int = 0
+    committed: int = 0  # tokens the verifies committed: accepted drafts + the native token
+    verify_seconds: float = 0.0  # the verifying steps' unembedding, shared among verifies
 
 
 @dataclass(frozen=True, slots=True)

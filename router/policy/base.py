@@ -29,6 +29,9 @@ class Decision:
     # `head` first and the native head last, judged by measured loss against the policy's
     # quality bound (heads.engine.quality_control); empty: the request stays on `head`.
     ladder: tuple[str, ...] = ()
+    # Exact drafting (heads.engine.drafting): the reading that drafts for `head`, the native
+    # head, which verifies every token; None: no drafting.
+    drafter: str | None = None
 
     def to_record(self) -> dict[str, Any]:
         # An unpriceable head (a training cost not yet sunk, at λ = 0) is null in JSON.
@@ -36,7 +39,7 @@ class Decision:
         return {"at": self.at, "policy": self.policy, "version": self.version,
                 "inputs": dict(self.inputs), "costs": costs, "head": self.head,
                 "code": self.code, "reason": self.reason, "request": dict(self.request),
-                "ladder": list(self.ladder)}
+                "ladder": list(self.ladder), "drafter": self.drafter}
 
 
 class Policy(Protocol):

@@ -28,7 +28,22 @@ async def decisions(_: AdminDep, gw: GatewayDep,
                     limit: int = Query(default=50, ge=1, le=10_000)) -> dict:
     log_ = gw.router.decisions
     return {"capacity": log_.capacity, "total": log_.total,
-            "decisions": [d.to_record() for d in log_.last(limit)]}
+            "decisions": [d.to_record() for d in log_.last(limit)],
+            "drafting": drafting_view(gw)}
+
+
+def drafting_view(gw: GatewayDep) -> dict | None:
+    """Exact drafting as the engine runs it: the k its last drafting step chose, and per
+    drafter its acceptance and tokens per verify so far; None on an engine without it."""
+    stats = gw.backend.drafting_stats()
+    if stats is None:
+        return None
+    _, tallies, k = stats
+    return {"k": k, "drafters": {
+        h: {"drafts": t.drafted, "acceptance": round(t.accepted / t.drafted, 4)
+            if t.drafted else None, "verifies": t.verifies,
+            "tokens_per_verify": round(t.committed / t.verifies, 3) if t.verifies else None,
+            "verify_seconds": round(t.verify_seconds, 3)} for h, t in sorted(tallies.items())}}
 
 
 def lambda_view(gw: GatewayDep) -> dict:

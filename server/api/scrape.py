@@ -38,6 +38,9 @@ async def metrics(gw: GatewayDep, m: MetricsDep, request: Request) -> Response:
     kernel_counts = gw.backend.kernel_counts()  # local engine only, so far
     if kernel_counts is not None:
         m.unembed_kernels.set(kernel_counts)
+    drafting = gw.backend.drafting_stats()  # local engine only
+    if drafting is not None:
+        m.drafting.set(*drafting)
     prefix_counts = gw.backend.prefix_cache_counts()  # local engine only
     if prefix_counts is not None:
         m.prefix_cache.set(prefix_counts)

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
-from heads.engine.types import GenerationRequest, HeadLoad, StepTiming, TokenEvent
+from heads.engine.types import (
+    DraftTally,
+    GenerationRequest,
+    HeadLoad,
+    StepTiming,
+    TokenEvent,
+)
 
 if TYPE_CHECKING:
     from heads.engine.grammar import GrammarCompiler
@@ -55,6 +61,11 @@ class Backend(Protocol):
         start; None when the engine has no prefix-cache counters."""
         ...
 
+    def drafting_stats(self) -> tuple[tuple[float, float], dict[str, DraftTally], int] | None:
+        """((prompt, probe) seconds of the measured quality guard, drafter -> exact drafting
+        totals, the last drafting step's k) since start; None when the engine has neither."""
+        ...
+
     def replica_stats(self) -> list[ReplicaStats] | None:
         """Health and traffic of each engine replica behind the backend; None when it has no
         separate replicas."""
@@ -84,6 +95,9 @@ class BackendBase:
         return None
 
     def prefix_cache_counts(self) -> dict[str, tuple[int, int]] | None:
+        return None
+
+    def drafting_stats(self) -> tuple[tuple[float, float], dict[str, DraftTally], int] | None:
         return None
 
     def replica_stats(self) -> list[ReplicaStats] | None:

@@ -12,7 +12,13 @@ from heads.engine.config import EngineConfig
 from heads.engine.grammar import GrammarCompiler
 from heads.engine.grouped_reading import GroupedReading
 from heads.engine.llm_engine import LocalEngine
-from heads.engine.types import GenerationRequest, HeadLoad, StepTiming, TokenEvent
+from heads.engine.types import (
+    DraftTally,
+    GenerationRequest,
+    HeadLoad,
+    StepTiming,
+    TokenEvent,
+)
 from heads.model.multi_head import MultiHeadModel
 from kernels.row_params import RowParams
 from server.backends.base import BackendBase
@@ -78,6 +84,10 @@ class LocalBackend(BackendBase):
 
     def kernel_counts(self) -> dict[tuple[str, str], int]:
         return self.engine.kernel_counts()
+
+    def drafting_stats(self) -> tuple[tuple[float, float], dict[str, DraftTally], int]:
+        return (self.engine.quality_seconds(), self.engine.drafting_tallies(),
+                self.engine.draft_k())
 
     def kv_blocks(self) -> tuple[int, int]:
         total = self.engine.total_blocks()

@@ -11,6 +11,7 @@ import argparse
 
 from server.commands import (
     bench_chat,
+    bench_defaults,
     bench_engine,
     bench_gateway,
     bench_kernels,
@@ -20,8 +21,8 @@ from server.commands import (
     bench_vs_vllm,
 )
 
-BENCHES: tuple = (bench_chat, bench_engine, bench_gateway, bench_kernels, bench_router,
-                  bench_replay, bench_tokenize, bench_vs_vllm)
+BENCHES: tuple = (bench_chat, bench_defaults, bench_engine, bench_gateway, bench_kernels,
+                  bench_router, bench_replay, bench_tokenize, bench_vs_vllm)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

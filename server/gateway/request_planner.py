@@ -279,7 +279,8 @@ class RequestPlanner:
         template = GenerationRequest(request_id, decision.head, (), max_tokens,
                                      RowParams(body.temperature, body.top_p, body.top_k,
                                                base_seed), frozenset(), logprobs,
-                                     score, positions, ladder=ladder)
+                                     score, positions, ladder=ladder,
+                                     drafter=decision.drafter)
         jobs = self.jobs(decision.head, encoded, template, body.n, stops, ext, chat)
         self.metrics.decisions.labels(decision.head, decision.policy, decision.code).inc()
         for head in decision.request.get("excluded", {}):
@@ -376,7 +377,7 @@ class RequestPlanner:
                                         template.want_logprobs, score and i == 0,
                                         template.score_positions, ext.top_logprobs,
                                         ext.engine_prompt_logprobs, ext.structured, rules,
-                                        template.ladder)
+                                        template.ladder, template.drafter)
                 jobs.append(ChoiceJob(index, req, tuple(stops), job_ext, turn_stops))
         return jobs
 

@@ -17,6 +17,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily
 
+from server.ops.drafting_metrics import DraftingMetrics
 from server.ops.engine_metrics import EngineMetrics
 from server.ops.quality_metrics import QualityMetrics
 
@@ -84,6 +85,7 @@ class Metrics:
         # polyhead_prefix_cache_{queries,hits}_total{head}: the local engine's counts, in tokens.
         self.prefix_cache = PrefixCacheCounts(registry=r)
         self.quality = QualityMetrics(r)  # live prompt BPB, drift, quality guard
+        self.drafting = DraftingMetrics(r)  # the local engine's guard seconds and drafting
         self.engines = EngineMetrics(r)  # per vLLM replica: up, load, failovers
 
     def _add_operations_metrics(self, r: CollectorRegistry) -> None:

@@ -118,6 +118,25 @@ def test_packed_rows_read_int8_up_to_the_bound_and_bf16_above() -> None:
             assert bool(((got - want).abs() <= want.abs() * 2.0**-7 + bound + 1e-5).all())
 
 
+@pytest.mark.skipif(not packing_supported(torch.zeros(1, dtype=torch.bfloat16)),
+                    reason="no oneDNN bf16 GEMM")
+def test_rows_as_reads_the_bytes_of_a_smaller_product_row_by_row() -> None:
+    # A verify multiplies several rows per sequence: under rows_as(1) each row gets what a
+    # one-row product gives it, the integer groups' product, not bf16's: equal but for the
+    # last bf16 rounding of a few fp32 sums taken in another order.
+    g = _groups(3000, 64, seed=4)
+    rows = RowPacker(int8_rows=1).pack(g.dequantize(torch.bfloat16), g)
+    h = torch.randn(6, 64).to(torch.bfloat16)
+    alone = torch.cat([rows.logits(h[i:i + 1]) for i in range(6)])
+    with onednn_gemm.rows_as(1):
+        together = rows.logits(h)
+    ulp = alone.float().abs() * 2.0**-7 + 1e-6  # one bf16 rounding
+    off = (together.float() - alone.float()).abs()
+    assert bool((off <= ulp).all()) and float((off > 0).float().mean()) < 0.01
+    plain = (rows.logits(h).float() - alone.float()).abs()  # outside it: bf16 for six rows
+    assert float((plain > 0).float().mean()) > 0.1
+
+
 def test_pack_refuses_groups_of_another_shape() -> None:
     with pytest.raises(ValueError, match="int groups"):
         onednn_gemm.pack(torch.zeros(4, 64), "torch", _groups(5, 64), int8_rows=1)

@@ -122,6 +122,22 @@ def test_a_measured_reading_is_not_excluded_by_its_prediction_and_carries_its_la
     assert _measured(lifecycle).decide(request_pin).ladder == ()
 
 
+def test_a_zero_bound_serves_the_native_head_with_a_reading_drafting() -> None:
+    exact = {"name": "lifecycle", "params": {"max_bpb_loss": 0.0}}
+    d = _measured(exact).decide(_features(240))
+    assert d.head == "262k" and d.code == "exact" and d.ladder == ()
+    assert d.drafter == "32k+groups" and d.to_record()["drafter"] == "32k+groups"
+    assert "verify" in d.reason
+    # a drained reading does not draft; with every reading drained nothing does
+    assert _measured(exact, "32k+groups").decide(_features(240)).drafter == "131k+groups"
+    # a non-zero bound keeps the ladder; without measured readings there is no drafting
+    d = _measured({"name": "lifecycle", "params": {"max_bpb_loss": 0.05}}).decide(
+        _features(240))
+    assert d.drafter is None
+    predicted = Router(LADDERED, CPU, LiveState.for_profiles(LADDERED), exact)
+    assert predicted.decide(_features(240)).drafter is None
+
+
 def test_a_measured_readings_probes_and_prompt_measurement_are_priced() -> None:
     probed = dataclasses.replace(READING, probe_rows=262_144 / 8, measure_rows=262_144)
     plain = mixed_step_cost([Group(READING, 4, 100.0)], CPU)

@@ -177,14 +177,15 @@ class Replayer:
 
     async def _generate(self, head: str, ids: list[int], n: int, score: bool = False,
                         positions: int = 0, backend: Backend | None = None,
-                        ladder: QualityLadder | None = None) -> list[TokenEvent]:
+                        ladder: QualityLadder | None = None,
+                        drafter: str | None = None) -> list[TokenEvent]:
         # The local engine has no stop ids here, so it decodes n tokens; another backend may
         # stop at the model's EOS unless held to n by min_tokens.
         req = GenerationRequest(f"replay-{time.perf_counter_ns()}", head, tuple(ids), n,
                                 RowParams(temperature=0.0), frozenset(),
                                 score_prompt=score, score_positions=positions,
                                 rules=LogitRules(min_tokens=n) if backend else NO_LOGIT_RULES,
-                                ladder=ladder)
+                                ladder=ladder, drafter=None if backend else drafter)
         events = (backend or self.engine).generate(req)
         return [e async for e in events]
 
@@ -245,7 +246,7 @@ class Replayer:
                                     probe_every=self.cfg.probe_every)
                       if d.ladder and bound is not None else None)
             events = await self._generate(d.head, list(enc.heads[d.head].ids[0]), n,
-                                          scored, positions, backend, ladder)
+                                          scored, positions, backend, ladder, d.drafter)
             out_ids = [e.token_id for e in events]
             tok = self.ckpt.tokenizers[d.head]  # every rung of a ladder spells native ids
             text = len(tok.decode(out_ids).encode())

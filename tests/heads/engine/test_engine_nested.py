@@ -116,7 +116,7 @@ def test_nested_engine_with_adapters_equals_per_group(model) -> None:
 def test_engine_and_router_agree_on_the_nested_pass(model, mix: dict[str, int]) -> None:
     from types import SimpleNamespace
 
-    from heads.engine.model_runner import ModelRunner, _by_rows, _Group
+    from heads.engine.model_runner import ModelRunner, _by_rows, _Group, _Rows
     from heads.engine.types import NO_LOGIT_RULES
     from kernels.devices import detect_cpu
     from router.cost import Group, unembed_passes
@@ -127,9 +127,11 @@ def test_engine_and_router_agree_on_the_nested_pass(model, mix: dict[str, int]) 
     for head, b in mix.items():
         rows[head] = list(range(len(seqs), len(seqs) + b))
         seqs += [SimpleNamespace(params=RowParams(temperature=0.8, seed=i), num_tokens=7,
-                                 want_logprobs=False, head=head, rules=NO_LOGIT_RULES)
+                                 want_logprobs=False, head=head, rules=NO_LOGIT_RULES,
+                                 draft=None)
                  for i in range(b)]
-    groups = [_Group(h, r, seqs, model.head_output(h), torch.device("cpu"))
+    step = _Rows.of(seqs, torch.zeros(len(seqs), model.manifest.backbone.hidden_size))
+    groups = [_Group(h, r, step, model.head_output(h), torch.device("cpu"))
               for h, r in rows.items()]
     (shared,) = _by_rows(groups).values()  # one matrix: one key
     engine = runner._nest(shared)

@@ -60,9 +60,10 @@ def test_finish_on_length_stop_and_max_model_len() -> None:
     for q in (by_len, by_stop, by_model_len):
         s.add(q)
     seqs, _ = s.schedule()
-    assert s.postprocess(seqs, [3, 1, 3]) == [None, "stop", None]
+    assert s.postprocess(seqs, [3, 1, 3]) == [([3], None), ([1], "stop"), ([3], None)]
     seqs, _ = s.schedule()
-    assert s.postprocess(seqs, [3, 3]) == ["length", "length"]  # max_tokens; 8 tokens in all
+    # max_tokens; 8 tokens in all
+    assert s.postprocess(seqs, [3, 3]) == [([3], "length"), ([3], "length")]
     assert s.is_idle and s.block_manager.num_free == 16
 
 
