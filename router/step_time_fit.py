@@ -47,19 +47,33 @@ def _shape_key(groups: Iterable[Group]) -> tuple[tuple[str, int, int], ...]:
                         for g in groups))
 
 
-def _solve3(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting on a 3×3 system; None when singular."""
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting on an n×n system; None when singular."""
+    n = len(b)
     m = [row[:] + [rhs] for row, rhs in zip(a, b, strict=True)]
-    for col in range(3):
-        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
         if abs(m[pivot][col]) < 1e-30:
             return None
         m[col], m[pivot] = m[pivot], m[col]
-        for r in range(3):
+        for r in range(n):
             if r != col:
                 f = m[r][col] / m[col][col]
                 m[r] = [x - f * y for x, y in zip(m[r], m[col], strict=True)]
-    return [m[i][3] / m[i][i] for i in range(3)]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def _solve_subset(ata: list[list[float]], atb: list[float], keep: tuple[int, ...]
+                  ) -> list[float] | None:
+    """The normal equations restricted to the coefficients in `keep` (the rest 0) -> all
+    three coefficients; None when singular."""
+    sub = _solve([[ata[i][j] for j in keep] for i in keep], [atb[i] for i in keep])
+    if sub is None:
+        return None
+    out = [0.0, 0.0, 0.0]
+    for i, c in zip(keep, sub, strict=True):
+        out[i] = c
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +125,26 @@ class FittedStepTimer:
             self._recorded += 1
             self._dirty = True
 
+    def _nearest_context(self, key: tuple[tuple[str, int, int], ...]
+                         ) -> tuple[list[Group], float] | None:
+        """-> (groups at the measured context nearest to `key`'s, their smoothed time) among
+        shapes of the same heads and batches; None when there is none. Callers hold the
+        lock."""
+        best: tuple[int, tuple[tuple[str, int, int], ...], float] | None = None
+        for other, seconds in self._shapes.items():
+            if len(other) != len(key) or any(
+                    (a[0], a[1]) != (b[0], b[1]) for a, b in zip(other, key, strict=True)):
+                continue
+            gap = sum(abs(a[2] - b[2]) for a, b in zip(other, key, strict=True))
+            if best is None or gap < best[0]:
+                best = (gap, other, seconds)
+        if best is None:
+            return None
+        # A bucket's context: the middle of its power-of-two range
+        groups = [Group(self._heads[h], b, 1.5 * 2 ** (c - 1) if c else 0.0)
+                  for h, b, c in best[1]]
+        return groups, best[2]
+
     def _refit(self) -> None:
         # Callers hold the lock.
         if not self._dirty or len(self._samples) < MIN_FIT_SAMPLES:
@@ -127,13 +161,22 @@ class FittedStepTimer:
                     ata[i][j] += row[i] * row[j]
         for i in range(3):  # a touch of ridge: shapes that never vary leave a column flat
             ata[i][i] += 1e-9 * (ata[i][i] or 1.0)
-        coef = _solve3(ata, atb)
-        if coef is None:
-            return
-        c0, cm, cc = (max(0.0, c) for c in coef)
-        err = math.sqrt(sum(((c0 + cm * m + cc * c) / t - 1.0) ** 2 for m, c, t in self._samples)
-                        / len(self._samples))
-        self._fit = StepTimeFit(c0, cm, cc, len(self._samples), err)
+        best: StepTimeFit | None = None
+        # Non-negative least squares over three coefficients: the unconstrained solution of
+        # each subset of them (the others held at 0), the best one with no negative
+        # coefficient. Clamping the full solution's negatives instead left the others fitted
+        # to a column that was gone (a 1.5 s "overhead" and 330x relative error, measured).
+        for keep in ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,)):
+            coef = _solve_subset(ata, atb, keep)
+            if coef is None or min(coef) < 0:
+                continue
+            c0, cm, cc = coef
+            err = math.sqrt(sum(((c0 + cm * m + cc * c) / t - 1.0) ** 2
+                                for m, c, t in self._samples) / len(self._samples))
+            if best is None or err < best.rms_rel_error:
+                best = StepTimeFit(c0, cm, cc, len(self._samples), err)
+        if best is not None:
+            self._fit = best
 
     def step_time(self, groups: Sequence[Group]) -> float:
         key = _shape_key(groups)
@@ -141,9 +184,16 @@ class FittedStepTimer:
             measured = self._shapes.get(key)
             if measured is not None:
                 return measured
+            near = self._nearest_context(key)
             self._refit()
             fit = self._fit
         cost = mixed_step_cost(groups, self.device, self.kernel_calibration)
+        if near is not None:
+            # The same heads and batch measured at another context: its time, moved by
+            # what the analytic model says the context difference costs.
+            other, seconds = near
+            ref = mixed_step_cost(other, self.device, self.kernel_calibration)
+            return max(cost.optimistic_s, seconds + cost.estimate_s - ref.estimate_s)
         if fit is None:
             return cost.estimate_s
         fitted = fit.overhead_s + fit.mem_scale * cost.memory_s + fit.cmp_scale * cost.compute_s

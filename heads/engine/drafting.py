@@ -162,10 +162,12 @@ class DraftPlanner:
             return 0
         if self.fixed_k is not None:
             return self.fixed_k
-        plain = self.costs.predict(drafters, batch, batch)
+        # A plain native step of this very batch is the baseline every k is judged
+        # against: measure it first (one step) rather than guess it from other batches.
+        plain = self.costs.measured().get((drafters, batch, batch))
+        if plain is None:
+            return 0
         draft = self.costs.predict(drafters, batch, 0)
-        if plain is None:  # nothing measured yet: draft at a middle k to measure both
-            return min(4, self.max_drafts)
         if draft is None:
             draft = PRIOR_DRAFT_SHARE * plain
         others = batch - len(alphas)  # plain native rows beside the drafters

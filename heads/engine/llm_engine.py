@@ -277,7 +277,8 @@ class LocalEngine:
                 return
             started = time.perf_counter()
             out = self._runner.run(seqs, is_prefill)
-            self._timings.append(_timing(seqs, is_prefill, time.perf_counter() - started))
+            if not any(s.draft is not None for s in seqs):  # drafting prices its own steps
+                self._timings.append(_timing(seqs, is_prefill, time.perf_counter() - started))
             with self._cond:
                 results = self._scheduler.postprocess(seqs, out.token_ids, out.drafts)
                 none = [None] * len(seqs)

@@ -12,7 +12,8 @@ adapter. Two measurements use it:
 - every `probe_every` decode steps (counted engine-wide, so the sequences probed in one step
   share one read of the native rows), on the step's distribution: KL(native ‖ rung) and the
   native entropy H, kept for the last `window` probes; Σ KL ÷ Σ H is the expected extra bits
-  per bit on text the native head would write.
+  per bit on text the native head would write. A sequence whose running loss stays well
+  inside its bound probes less often (QualityLadder.relax_below, max_stretch).
 
 A probe costs one [b, d] × [V_native, d] product and a few [b, V_native] passes: at B = 1
 about one native decode step's unembedding, so at the default every 8 steps about an eighth
@@ -118,7 +119,7 @@ class QualityController:
         self.decode_steps += 1
         due = [i for i, s in enumerate(seqs) if s.quality is not None
                and s.head != s.quality.ladder.rungs[-1]
-               and self.decode_steps % s.quality.ladder.probe_every == 0]
+               and self.decode_steps % (s.quality.ladder.probe_every * s.quality.stretch) == 0]
         if not due:
             return
         started = time.perf_counter()
@@ -137,6 +138,9 @@ class QualityController:
             while len(state.probes) > ladder.window:
                 state.probes.popleft()
             loss = state.running_loss(seq.head)
+            # far inside the bound: probe half as often; nearer it: every probe_every again
+            far = loss is not None and loss <= ladder.bound * ladder.relax_below
+            state.stretch = min(state.stretch * 2, ladder.max_stretch) if far else 1
             if loss is None or loss <= ladder.bound:
                 continue
             above = ladder.rungs.index(seq.head) + 1

@@ -42,6 +42,7 @@ class LadderState:
     probes: deque[tuple[dict[str, float], float]] = field(default_factory=deque)  # (KL, H)
     moves: list[HeadMove] = field(default_factory=list)
     pending: list[HeadMove] = field(default_factory=list)  # not yet reported in an event
+    stretch: int = 1  # probes every ladder.probe_every x stretch decode steps (a power of 2)
 
     def running_loss(self, rung: str) -> float | None:
         """Σ KL ÷ Σ H over the window's probes; None before min_probes of them."""

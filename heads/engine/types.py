@@ -101,6 +101,12 @@ class QualityLadder:
     positions: int = 64  # prompt positions scored at the first prefill
     min_positions: int = 8  # fewer predicted positions: the prompt says nothing, keep rung 0
     probe_every: int = 8  # decode steps between probes (engine-wide, so probes share a read)
+    # A sequence whose running loss stays under bound x relax_below probes half as often,
+    # down to one probe per probe_every x max_stretch steps; it goes back to probe_every
+    # once its loss comes nearer the bound. The intervals stay multiples of probe_every, so
+    # the sequences probed in one step still share one read of the native rows.
+    relax_below: float = 0.5
+    max_stretch: int = 8
     window: int = 8  # probes in the running estimate
     min_probes: int = 2  # probes before the running estimate may move a sequence
 
@@ -109,8 +115,12 @@ class QualityLadder:
             raise ValueError(f"a ladder needs two or more distinct rungs, got {self.rungs}")
         if not math.isfinite(self.bound) or self.bound < 0:
             raise ValueError(f"bound must be a finite number >= 0, got {self.bound}")
-        if min(self.positions, self.probe_every, self.window, self.min_probes) < 1:
-            raise ValueError("positions, probe_every, window and min_probes must be >= 1")
+        if min(self.positions, self.probe_every, self.window, self.min_probes,
+               self.max_stretch) < 1:
+            raise ValueError("positions, probe_every, window, min_probes and max_stretch "
+                             "must be >= 1")
+        if not 0 <= self.relax_below <= 1:
+            raise ValueError(f"relax_below must be in [0, 1], got {self.relax_below}")
 
     def first_within(self, losses: dict[str, float], start: int = 0) -> str:
         """The cheapest rung from `start` whose measured loss is within the bound (an

@@ -23,6 +23,8 @@ from heads.model.multi_head import MultiHeadModel
 from kernels.row_params import RowParams
 from server.backends.base import BackendBase
 
+MEASURED_TOKENS = 6  # per head at start: five one-row decode steps for the calibration
+
 
 class LocalBackend(BackendBase):
     def __init__(self, model: MultiHeadModel, config: EngineConfig, torch_threads: int = 0,
@@ -55,16 +57,23 @@ class LocalBackend(BackendBase):
         return self.engine.longest_sequence()
 
     async def _warm_up(self) -> None:
-        """Two greedy tokens per head before the gateway is ready. The first steps pay for
-        allocations and lazy initialisation; measured, they would teach the router's
-        calibration that a step costs many times what it does, so their timings are dropped."""
-        for spec in self.model.manifest.heads:
-            first = spec.bos_token_id if spec.bos_token_id is not None else spec.eos_token_ids[0]
-            req = GenerationRequest(f"warm-up-{spec.name}", spec.name, (first,), 2,
-                                    RowParams(temperature=0.0), frozenset())
-            async for _ in self.engine.generate(req):
-                pass
-        self.engine.drain_step_timings()
+        """Two greedy tokens per head before the gateway is ready, then MEASURED_TOKENS more
+        per head whose decode steps the router's calibration keeps. The first steps pay for
+        allocations and lazy initialisation; measured, they would teach the calibration that
+        a step costs many times what it does, so their timings are dropped. The steps after
+        them give every head a measured one-row step before its first request: a head the
+        router never chose would otherwise be priced only by the fit over the others."""
+        for measured in (False, True):
+            for spec in self.model.manifest.heads:
+                first = (spec.bos_token_id if spec.bos_token_id is not None
+                         else spec.eos_token_ids[0])
+                n = MEASURED_TOKENS if measured else 2
+                req = GenerationRequest(f"warm-up-{spec.name}", spec.name, (first,), n,
+                                        RowParams(temperature=0.0), frozenset())
+                async for _ in self.engine.generate(req):
+                    pass
+            if not measured:
+                self.engine.drain_step_timings()
 
     async def stop(self) -> None:
         await self.engine.shutdown()

@@ -231,6 +231,10 @@ def test_k_follows_measured_costs_and_acceptance() -> None:
     assert planner.choose_k("d", 16, [0.9] * 16) == 0
     assert planner.break_even("d", 0.9, [1, 16]) == 16
     assert planner.choose_k("d", 4, []) == 0  # nobody drafts
+    # a batch whose plain native step was never measured takes one first
+    assert planner.choose_k("d", 2, [0.9, 0.9]) == 0
+    costs.observe("d", 2, 2, 0.021)
+    assert planner.choose_k("d", 2, [0.9, 0.9]) > 0  # then drafting is tried
 
 
 def test_costs_interpolate_along_rows_and_fall_back_to_the_nearest_batch() -> None:
@@ -241,3 +245,29 @@ def test_costs_interpolate_along_rows_and_fall_back_to_the_nearest_batch() -> No
     assert math.isclose(costs.predict("d", 2, 4) or 0, 0.04)
     assert math.isclose(costs.predict("d", 2, 0) or 0, 0.6 * 0.02)  # the prior's share
     assert costs.predict("d", 3, 3) is not None  # from batch 2
+
+
+def test_verified_blocks_enter_the_prefix_cache(model: MultiHeadModel,
+                                                readings: list[GroupedReading]) -> None:
+    # A follow-up whose prompt is the first request's prompt and output finds the blocks
+    # the drafting sequence filled with verified tokens.
+    async def go() -> tuple[list[int], int | None]:
+        engine = LocalEngine(model, EngineConfig(num_kv_blocks=64, num_draft_tokens=4),
+                             readings=readings)
+        await engine.start()
+        try:
+            first = _req("a", PROMPTS[0], 40, RowParams(temperature=0.0), SMALL + "+groups")
+            toks = [e.token_id async for e in engine.generate(first)]
+            follow = _req("b", PROMPTS[0] + tuple(toks), 4, RowParams(temperature=0.0),
+                          SMALL + "+groups")
+            events = [e async for e in engine.generate(follow)]
+            return toks, events[0].cached_tokens
+        finally:
+            await engine.shutdown()
+            for r in readings:
+                model.heads.pop(r.name)
+                model._readings.pop(r.name)
+
+    toks, cached = asyncio.run(go())
+    # 20 + 40 tokens: three full blocks of 16 hold verified tokens with their KV written
+    assert len(toks) == 40 and cached == 48

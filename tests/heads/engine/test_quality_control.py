@@ -136,3 +136,39 @@ def test_a_ladder_must_run_from_the_request_head_to_the_native_head(
     bad = QualityLadder((readings[1].name, NATIVE), 0.05)
     with pytest.raises(EngineError, match="ladder"):
         _serve(model, readings, _req("a", readings[0].name, PROMPT, 2, bad))
+
+
+def test_a_sequence_far_inside_its_bound_probes_less_often(
+        model: MultiHeadModel, readings: list[GroupedReading]) -> None:
+    from heads.engine.quality_control import QualityController
+    from heads.engine.sequence import LadderState, Sequence
+
+    for r in readings:
+        model.add_reading(r.name, r.head)
+    try:
+        control = QualityController(model.head_output, {r.name: r for r in readings}, NATIVE)
+        ladder = QualityLadder((readings[0].name, NATIVE), 100.0, probe_every=2, window=64,
+                               min_probes=1, max_stretch=4)
+        tight = QualityLadder((readings[0].name, NATIVE), 100.0, probe_every=2, window=64,
+                              min_probes=1, relax_below=0.0)
+        seqs = [Sequence("a", readings[0].name, [5], GREEDY, 99),
+                Sequence("b", readings[0].name, [5], GREEDY, 99)]
+        seqs[0].quality, seqs[1].quality = LadderState(ladder), LadderState(tight)
+        hidden = torch.randn(2, model.manifest.backbone.hidden_size)
+        probed = []
+        for _ in range(32):
+            before = [len(s.quality.probes) for s in seqs if s.quality is not None]
+            control.at_decode(seqs, hidden)
+            after = [len(s.quality.probes) for s in seqs if s.quality is not None]
+            probed.append(tuple(a - b for a, b in zip(after, before, strict=True)))
+    finally:
+        for r in readings:
+            model.heads.pop(r.name)
+            model._readings.pop(r.name)
+    relaxed = [i + 1 for i, p in enumerate(probed) if p[0]]
+    every = [i + 1 for i, p in enumerate(probed) if p[1]]
+    assert every == list(range(2, 33, 2))  # relax_below 0: never relaxed, every 2nd step
+    # far inside its bound: steps 2, 4 (stretch 2), 8 (4), then every 8th, each one shared
+    # with the tight sequence's probe
+    assert relaxed == [2, 4, 8, 16, 24, 32]
+    assert set(relaxed) <= set(every)
