@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
+from typing import TypeVar
 
 import pytest
 import torch
@@ -32,6 +34,7 @@ from tests.heads.engine.test_grouped_reading import _groups
 from tests.heads.tiny import HEADS, tiny_model
 
 SMALL, MID, NATIVE = "128", "400", "1k"
+T = TypeVar("T")
 PROMPTS = [tuple(range(500, 520)), (7, 300, 12, 999, 4), tuple(range(40, 52)), (600,)]
 
 
@@ -54,6 +57,26 @@ def _serve(model: MultiHeadModel, readings: list[GroupedReading],
     try:
         return run_requests(model, *reqs, readings=readings, **config)
     finally:  # the module's model serves the next test afresh
+        for r in readings:
+            model.heads.pop(r.name)
+            model._readings.pop(r.name)
+
+
+def _on_engine(model: MultiHeadModel, readings: list[GroupedReading],
+               go: Callable[[LocalEngine], Awaitable[T]], **config: int) -> T:
+    """`go` run on one started engine (requests in turn share its state), then shut down."""
+    async def run() -> T:
+        engine = LocalEngine(model, EngineConfig(num_kv_blocks=64, **config),
+                             readings=readings)
+        await engine.start()
+        try:
+            return await go(engine)
+        finally:
+            await engine.shutdown()
+
+    try:
+        return asyncio.run(run())
+    finally:
         for r in readings:
             model.heads.pop(r.name)
             model._readings.pop(r.name)
@@ -91,21 +114,12 @@ def test_drafted_output_is_the_native_heads(model: MultiHeadModel,
 
 def test_the_engine_drafts_verifies_and_counts(model: MultiHeadModel,
                                               readings: list[GroupedReading]) -> None:
-    async def go() -> tuple[list[int], dict[str, DraftTally], int]:
-        engine = LocalEngine(model, EngineConfig(num_kv_blocks=64, num_draft_tokens=5),
-                             readings=readings)
-        await engine.start()
-        try:
-            req = _req("d", PROMPTS[0], 40, RowParams(temperature=0.0), MID + "+groups")
-            toks = [e.token_id async for e in engine.generate(req)]
-            return toks, engine.drafting_tallies(), engine.draft_k()
-        finally:
-            await engine.shutdown()
-            for r in readings:
-                model.heads.pop(r.name)
-                model._readings.pop(r.name)
+    async def go(engine: LocalEngine) -> tuple[list[int], dict[str, DraftTally], int]:
+        req = _req("d", PROMPTS[0], 40, RowParams(temperature=0.0), MID + "+groups")
+        toks = [e.token_id async for e in engine.generate(req)]
+        return toks, engine.drafting_tallies(), engine.draft_k()
 
-    toks, tallies, k = asyncio.run(go())
+    toks, tallies, k = _on_engine(model, readings, go, num_draft_tokens=5)
     t = tallies[MID + "+groups"]
     assert len(toks) == 40 and 0 < t.accepted <= t.drafted and k == 5
     assert 40 / 6 <= t.verifies < 40 and t.committed >= 40 and t.verify_seconds > 0
@@ -251,23 +265,14 @@ def test_verified_blocks_enter_the_prefix_cache(model: MultiHeadModel,
                                                 readings: list[GroupedReading]) -> None:
     # A follow-up whose prompt is the first request's prompt and output finds the blocks
     # the drafting sequence filled with verified tokens.
-    async def go() -> tuple[list[int], int | None]:
-        engine = LocalEngine(model, EngineConfig(num_kv_blocks=64, num_draft_tokens=4),
-                             readings=readings)
-        await engine.start()
-        try:
-            first = _req("a", PROMPTS[0], 40, RowParams(temperature=0.0), SMALL + "+groups")
-            toks = [e.token_id async for e in engine.generate(first)]
-            follow = _req("b", PROMPTS[0] + tuple(toks), 4, RowParams(temperature=0.0),
-                          SMALL + "+groups")
-            events = [e async for e in engine.generate(follow)]
-            return toks, events[0].cached_tokens
-        finally:
-            await engine.shutdown()
-            for r in readings:
-                model.heads.pop(r.name)
-                model._readings.pop(r.name)
+    async def go(engine: LocalEngine) -> tuple[list[int], int | None]:
+        first = _req("a", PROMPTS[0], 40, RowParams(temperature=0.0), SMALL + "+groups")
+        toks = [e.token_id async for e in engine.generate(first)]
+        follow = _req("b", PROMPTS[0] + tuple(toks), 4, RowParams(temperature=0.0),
+                      SMALL + "+groups")
+        events = [e async for e in engine.generate(follow)]
+        return toks, events[0].cached_tokens
 
-    toks, cached = asyncio.run(go())
+    toks, cached = _on_engine(model, readings, go, num_draft_tokens=4)
     # 20 + 40 tokens: three full blocks of 16 hold verified tokens with their KV written
     assert len(toks) == 40 and cached == 48
