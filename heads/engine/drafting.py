@@ -199,7 +199,8 @@ class DraftPlanner:
         k = self.choose_k(drafters_of(seqs), len(seqs),
                           [self.acceptance(s) for s in drafting])
         self.last_k = k
-        native_anyway = any(s.draft is None and s.head == _native_of(drafting) for s in seqs)
+        native = _native_of(drafting)
+        native_anyway = any(s.draft is None and s.head == native for s in seqs)
         verify = [s.draft is not None and (s.draft.pending >= k or s.draft.verify_next)
                   for s in drafting]
         if native_anyway or any(verify):  # the native rows are read: verify every pending
