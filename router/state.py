@@ -24,6 +24,7 @@ from types import MappingProxyType
 
 from router.compression import split_key, stat_key
 from router.errors import UnknownHead
+from router.ladder_outcomes import LadderOutcomes
 from router.profiles import HeadProfile
 from router.quality import DEFAULT_ALPHA, BpbTracker, HeadQuality
 
@@ -48,6 +49,8 @@ class StateSnapshot:
     # bytes/token each head achieves on each script class.
     output_bytes: Mapping[str, int] = field(default_factory=dict)
     output_tokens: Mapping[str, int] = field(default_factory=dict)
+    # Laddered requests' output bytes per rung, keyed "start head/class" (router.ladder_outcomes)
+    ladders: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     @property
     def batch(self) -> int:
@@ -97,6 +100,7 @@ class LiveState:
         self._out_bytes: dict[str, int] = {}
         self._out_tokens: dict[str, int] = {}
         self.quality = BpbTracker(self._training, bpb_alpha)
+        self.ladders = LadderOutcomes()
 
     @classmethod
     def for_profiles(cls, profiles: Iterable[HeadProfile], window_s: float = 5.0,
@@ -215,4 +219,5 @@ class LiveState:
                 quality=self.quality.snapshot(),
                 output_bytes=MappingProxyType(dict(self._out_bytes)),
                 output_tokens=MappingProxyType(dict(self._out_tokens)),
+                ladders=self.ladders.snapshot(),
             )

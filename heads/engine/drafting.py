@@ -111,7 +111,22 @@ def _along_rows(row_times: dict[int, float], rows: float) -> float | None:
             return native[lo]
         w = (rows - lo) / (hi - lo)
         return (1 - w) * native[lo] + w * native[hi]
-    return native[max(lower)] if lower else native[min(upper)]
+    if not lower:
+        return native[min(upper)]
+    # Past the last measured rows: on the slope of the last two measurements. Flat would
+    # price a compute-bound verify (the product grows with its rows at large batch) like a
+    # plain step; one measurement alone is only trusted one doubling out (DraftPlanner).
+    top = sorted(lower)[-2:]
+    if len(top) < 2:
+        return native[top[0]]
+    slope = max(0.0, (native[top[1]] - native[top[0]]) / (top[1] - top[0]))
+    return native[top[1]] + slope * (rows - top[1])
+
+
+def measured_rows(costs: StepCosts, drafters: str, batch: int) -> int:
+    """The most native rows measured in one step of this batch (0: none)."""
+    return max((r for (d, b, r) in costs.measured() if d == drafters and b == batch),
+               default=0)
 
 
 class DraftPlanner:
@@ -171,12 +186,19 @@ class DraftPlanner:
         if draft is None:
             draft = PRIOR_DRAFT_SHARE * plain
         others = batch - len(alphas)  # plain native rows beside the drafters
+        # Explore at most one doubling past the rows measured at this batch: each try
+        # measures its verify, so a product that turns compute-bound is seen, not assumed.
+        reach = 2 * measured_rows(self.costs, drafters, batch)
         rates = {}
         for k in range(1, self.max_drafts + 1):
-            verify = self.costs.predict(drafters, batch,
-                                        others + len(alphas) * (k + 1)) or plain
+            rows = others + len(alphas) * (k + 1)
+            if rows > reach:
+                break
+            verify = self.costs.predict(drafters, batch, rows) or plain
             tokens = sum(expected_tokens(a, k) for a in alphas) + others * (k + 1)
             rates[k] = tokens / (k * draft + verify)
+        if not rates:
+            return 0
         best = max(rates, key=rates.__getitem__)
         # a near tie stays native: nothing to gain for the steps a rejection wastes
         return best if rates[best] > 1.02 * batch / plain else 0

@@ -37,6 +37,7 @@ from router.cost import (
     request_cost_per_byte,
     train_cost_per_byte,
 )
+from router.ladder_outcomes import rung_shares, served_price
 from router.policy.spec import CostParams, LifecycleParams, ThresholdParams, WeightedParams
 from router.profiles import HeadProfile, RequestFeatures
 from router.stability import Clock, Stabilizer
@@ -169,8 +170,9 @@ class CostPolicy:
         before = live_step_s(self.timer, live)
         costs = {p.name: self.request_objective(p, features, live, lam, before)
                  for p in eligible}
+        costs, moved = self._as_served(costs, features, snapshot, profiles, live, lam, before)
         mine = argmin(costs)
-        table = _table(costs, self.unit)
+        table = _table(costs, self.unit) + moved
         mix = ", ".join(f"{g.head.name}×{g.batch}" for g in live) or "idle"
         keep = regime_head in costs and (
             mine == regime_head or costs[mine] >= costs[regime_head] * (1.0 - self.params.margin))
@@ -183,6 +185,33 @@ class CostPolicy:
             why, new_code = f"{self.params.margin:.0%} cheaper for this request", "content"
         return Choice(mine, f"{self.name}: {mine} for this request ({why}; {table}; live mix "
                             f"{mix}); regime: {said}", new_code, costs)
+
+
+    def _as_served(self, costs: dict[str, float], features: RequestFeatures,
+                   snapshot: StateSnapshot, profiles: Sequence[HeadProfile],
+                   live: Sequence[Group], lam: float, before: float
+                   ) -> tuple[dict[str, float], str]:
+        """Each laddered head's price as its requests of this class were served: blended
+        over the rungs their bytes ended on (router.ladder_outcomes); -> (prices, a note)."""
+        by_name = {p.name: p for p in profiles}
+
+        def price(head: str) -> float | None:
+            if head in costs:
+                return costs[head]
+            p = by_name.get(head)
+            return None if p is None else self.request_objective(p, features, live, lam,
+                                                                 before)
+
+        out, notes = dict(costs), []
+        for head in costs:
+            shares = rung_shares(snapshot.ladders, head, features.script,
+                                 features.bpb_penalty.get(head))
+            served = served_price(head, shares, price) if len(shares) > 1 else None
+            if served is not None:
+                out[head] = served
+                notes.append(f"{head} {1 - shares[head]:.0%}")
+        return out, (f"; bytes moved up the ladder, priced: {', '.join(notes)}"
+                     if notes else "")
 
 
 class LifecyclePolicy(CostPolicy):

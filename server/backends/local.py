@@ -57,18 +57,23 @@ class LocalBackend(BackendBase):
         return self.engine.longest_sequence()
 
     async def _warm_up(self) -> None:
-        """Two greedy tokens per head before the gateway is ready, then MEASURED_TOKENS more
-        per head whose decode steps the router's calibration keeps. The first steps pay for
-        allocations and lazy initialisation; measured, they would teach the calibration that
-        a step costs many times what it does, so their timings are dropped. The steps after
-        them give every head a measured one-row step before its first request: a head the
-        router never chose would otherwise be priced only by the fit over the others."""
+        """Two greedy tokens per head and reading before the gateway is ready, then
+        MEASURED_TOKENS more per head whose decode steps the router's calibration keeps. The
+        first steps pay for allocations and lazy initialisation; measured, they would teach
+        the calibration that a step costs many times what it does, so their timings are
+        dropped. The steps after them give every head a measured one-row step before its
+        first request: a head the router never chose would otherwise be priced only by the
+        fit over the others, and a reading's first steps at 3-6x its time."""
+        manifest = self.model.manifest
+        # A reading reads native ids: it starts from the native head's first token.
+        heads = [(spec.name, spec) for spec in manifest.heads] + [
+            (name, manifest.native) for name in self.engine.readings]
         for measured in (False, True):
-            for spec in self.model.manifest.heads:
+            for name, spec in heads:
                 first = (spec.bos_token_id if spec.bos_token_id is not None
                          else spec.eos_token_ids[0])
                 n = MEASURED_TOKENS if measured else 2
-                req = GenerationRequest(f"warm-up-{spec.name}", spec.name, (first,), n,
+                req = GenerationRequest(f"warm-up-{name}", name, (first,), n,
                                         RowParams(temperature=0.0), frozenset())
                 async for _ in self.engine.generate(req):
                     pass

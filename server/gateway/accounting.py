@@ -64,6 +64,9 @@ class RequestAccounting:
             self.state.add_served(h, text_bytes, tokens)
             if status == "200" and tokens:  # what the head really packs for this script
                 self.state.add_output(h, plan.encoded.script, text_bytes, tokens)
+        if status == "200" and plan.decision.ladder:  # where its ladder took it
+            self.state.ladders.add(head, plan.encoded.script, plan.predicted_penalty(head),
+                                   {h: b for h, (_, b) in by_head.items()})
         self._prompt_bpb(plan, outcomes)
 
     def _choices(self, plan: RequestPlan, outcomes: list[Outcome]) -> None:

@@ -42,6 +42,10 @@ class RequestPlan:
         value = self.decision.request.get("heads", {}).get(head, {})
         return value.get("predicted_bytes_per_token")
 
+    def predicted_penalty(self, head: str) -> float | None:
+        """The router's predicted BPB penalty of `head` for this request, if any."""
+        return self.decision.request.get("heads", {}).get(head, {}).get("bpb_penalty")
+
     @property
     def choices_per_prompt(self) -> int:
         return len(self.jobs) // max(1, len(self.encoded.texts))

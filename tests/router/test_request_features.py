@@ -21,7 +21,7 @@ from router.segmentation import (
     penalties,
 )
 from router.state import LiveState
-from tests.router.helpers import heads
+from tests.router.helpers import english, heads
 
 CPU = DEVICES["cpu"]
 FIT = PenaltyFit(per_split=1.0, per_fallback_share=2.0)
@@ -33,13 +33,6 @@ def russian(prompt_bytes: int = 1200) -> RequestFeatures:
         "32k": HeadTokens(prompt_bytes, fallback_bytes=prompt_bytes),
         "131k": HeadTokens(prompt_bytes // 2),
         "262k": HeadTokens(prompt_bytes * 2 // 17)}, script="cyrillic")
-
-
-def english(prompt_bytes: int = 1200) -> RequestFeatures:
-    """Compresses as the heads' manifest figures say (3.9 / 4.4 / 4.6 B/token)."""
-    return RequestFeatures(prompt_bytes, 64, tokens={
-        "32k": HeadTokens(round(prompt_bytes / 3.9)), "131k": HeadTokens(round(prompt_bytes / 4.4)),
-        "262k": HeadTokens(round(prompt_bytes / 4.6))}, script="latin")
 
 
 def test_features_report_each_heads_compression_and_fallback() -> None:

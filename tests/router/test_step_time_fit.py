@@ -73,3 +73,31 @@ def test_a_shape_measured_at_another_context_prices_the_same_heads_and_batch() -
     got = timer.step_time([Group(profiles[0], 1, 900.0)])
     assert got == pytest.approx(0.010 + long - short, rel=0.05)
     assert timer.step_time([Group(profiles[0], 2, 900.0)]) != got  # another batch: not it
+
+
+def test_steps_measured_below_the_analytic_floor_lower_it() -> None:
+    # An engine that reads int8 rows at one row beats the floor counted at the profile's
+    # width: a measured step at half the floor prices the head's other contexts from the
+    # measurement, where the unscaled floor would have overruled it.
+    profiles = heads()
+    timer = FittedStepTimer(DEV, profiles)
+    g = [Group(profiles[2], 1, 6.0)]
+    floor = mixed_step_cost(g, DEV).optimistic_s
+    timer.record(StepSample(((profiles[2].name, 1, 5.0),), 0.5 * floor))
+    assert timer.floor_scale == pytest.approx(0.5, rel=0.05)
+    longer = timer.step_time([Group(profiles[2], 1, 40.0)])
+    assert longer < 0.6 * mixed_step_cost([Group(profiles[2], 1, 40.0)], DEV).optimistic_s
+    timer.record(StepSample(((profiles[1].name, 1, 5.0),), 100.0))  # slow steps never raise it
+    assert timer.floor_scale == pytest.approx(0.5, rel=0.05)
+
+
+def test_one_slow_step_does_not_price_a_head_out() -> None:
+    profiles = heads()
+    timer = FittedStepTimer(DEV, profiles)
+    h = profiles[0].name
+    timer.record(StepSample(((h, 1, 5.0),), 0.010))
+    timer.record(StepSample(((h, 1, 90.0),), 0.100))  # first at this context: a 10x pause
+    assert timer.step_time([Group(profiles[0], 1, 90.0)]) <= 0.020 + 1e-9
+    timer.record(StepSample(((h, 1, 5.0),), 1.0))  # a pause on a measured shape
+    assert timer.step_time([Group(profiles[0], 1, 5.0)]) == pytest.approx(0.8 * 0.010
+                                                                            + 0.2 * 0.020)

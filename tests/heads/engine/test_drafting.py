@@ -259,6 +259,27 @@ def test_costs_interpolate_along_rows_and_fall_back_to_the_nearest_batch() -> No
     assert math.isclose(costs.predict("d", 2, 4) or 0, 0.04)
     assert math.isclose(costs.predict("d", 2, 0) or 0, 0.6 * 0.02)  # the prior's share
     assert costs.predict("d", 3, 3) is not None  # from batch 2
+    # past the last measured rows: on the last two measurements' slope, not flat
+    assert math.isclose(costs.predict("d", 2, 10) or 0, 0.10)
+
+
+def test_k_explores_one_doubling_past_the_measured_rows() -> None:
+    costs = StepCosts()
+    costs.observe("d", 16, 16, 0.040)
+    planner = DraftPlanner(costs)
+    assert planner.choose_k("d", 16, [0.95] * 16) == 1  # 32 rows: one doubling
+    # that verify turned out compute-bound: its slope prices every larger k, and native wins
+    costs.observe("d", 16, 0, 0.030)
+    costs.observe("d", 16, 32, 0.075)
+    assert planner.choose_k("d", 16, [0.95] * 16) == 0
+    # at one row the product stays memory-bound: each doubling measured opens the next
+    costs.observe("d", 1, 1, 0.020)
+    costs.observe("d", 1, 0, 0.010)
+    assert planner.choose_k("d", 1, [0.9]) == 1
+    costs.observe("d", 1, 2, 0.0202)
+    assert planner.choose_k("d", 1, [0.9]) == 3
+    costs.observe("d", 1, 4, 0.0206)
+    assert planner.choose_k("d", 1, [0.97]) >= 4
 
 
 def test_verified_blocks_enter_the_prefix_cache(model: MultiHeadModel,

@@ -1,0 +1,91 @@
+"""Where laddered requests end up, so the router prices a reading as it is served.
+
+A request routed to a two-level reading with a quality ladder (heads.engine.quality_control)
+may be moved up to a larger reading or the native head while it decodes; its output bytes
+are then served at those rungs' step costs. Priced at the reading's own step cost alone, a
+reading that is moved most of the time looks cheaper than it is: the router sent German
+prose to the 32k reading, which moved it to the native head, where pinning the 131k head
+from the start would have served it faster.
+
+Each finished laddered request adds its output bytes per rung to a counter keyed by the head
+it started on and its content class: the prompt's script plus the half-octave of the start
+head's predicted BPB penalty (router.segmentation), which orders code < English < German on
+the demo, all one script. A class's byte shares are shrunk towards its script's, and the
+script's towards "stays on the start head", by PRIOR_BYTES each, so a class seen once moves
+the price a little and a class seen often decides it.
+
+price(start) = Σ_rung share_rung · price(rung), each rung priced per served byte as the
+policy prices a head (router.policy.builtin). Counted in process, not persisted.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+PRIOR_BYTES = 512.0  # evidence behind each level's prior, in output bytes
+PENALTY_UNIT = 0.01  # the penalty buckets' origin: half-octaves above 1% BPB
+
+
+def content_class(script: str, penalty: float | None) -> str:
+    """`script` with the half-octave of the predicted penalty: "latin~9" (18–25% BPB)."""
+    if penalty is None or penalty <= PENALTY_UNIT:
+        return f"{script}~0"
+    return f"{script}~{round(2 * math.log2(penalty / PENALTY_UNIT))}"
+
+
+def _key(start: str, cls: str) -> str:
+    return f"{start}/{cls}"
+
+
+class LadderOutcomes:
+    """Thread-safe output bytes per (start head, content class) and rung."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bytes: dict[str, dict[str, float]] = {}
+
+    def add(self, start: str, script: str, penalty: float | None,
+            rung_bytes: Mapping[str, int]) -> None:
+        """One finished laddered request: its output bytes by the rung that served them."""
+        if any(v < 0 for v in rung_bytes.values()):
+            raise ValueError("rung bytes must be >= 0")
+        cls = content_class(script, penalty)
+        with self._lock:
+            for key in (_key(start, cls), _key(start, script)):
+                counts = self._bytes.setdefault(key, {})
+                for rung, n in rung_bytes.items():
+                    counts[rung] = counts.get(rung, 0.0) + n
+
+    def snapshot(self) -> Mapping[str, Mapping[str, float]]:
+        with self._lock:
+            return MappingProxyType({k: MappingProxyType(dict(v))
+                                     for k, v in self._bytes.items()})
+
+
+def rung_shares(outcomes: Mapping[str, Mapping[str, float]], start: str, script: str,
+                penalty: float | None) -> dict[str, float]:
+    """Expected share of a request's output bytes per rung, for one starting on `start`:
+    {start: 1.0} until laddered requests of its script or class have finished."""
+    shares = {start: 1.0}
+    for key in (_key(start, script), _key(start, content_class(script, penalty))):
+        counts = outcomes.get(key, {})
+        total = sum(counts.values())
+        shares = {r: (counts.get(r, 0.0) + PRIOR_BYTES * shares.get(r, 0.0))
+                  / (total + PRIOR_BYTES) for r in {*shares, *counts}}
+    return shares
+
+
+def served_price(start: str, shares: Mapping[str, float],
+                 price: Callable[[str], float | None]) -> float | None:
+    """Σ share · price over the rungs that can be priced (renormalised); None when the
+    start head itself cannot be."""
+    own = price(start)
+    if own is None:
+        return None
+    priced = {r: (own if r == start else price(r)) for r in shares}
+    kept = {r: p for r, p in priced.items() if p is not None}
+    weight = sum(shares[r] for r in kept)
+    return sum(shares[r] * p for r, p in kept.items()) / weight
