@@ -27,6 +27,7 @@ sequence's running acceptance; k = 0 is a plain native step.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Sequence as Seq
@@ -166,8 +167,16 @@ class DraftPlanner:
                 t.committed + accepted + 1, t.verify_seconds + seconds)
 
     def tallies(self) -> dict[str, DraftTally]:
+        """Per drafter, with its break-even batch at its running acceptance."""
         with self._lock:
-            return dict(self._tallies)
+            tallies = dict(self._tallies)
+        measured = self.costs.measured()
+        out = {}
+        for drafter, t in tallies.items():
+            batches = sorted({b for (d, b, _) in measured if d == drafter})
+            even = self.break_even(drafter, self.drafter_acceptance(drafter), batches)
+            out[drafter] = dataclasses.replace(t, break_even_batch=even)
+        return out
 
     def choose_k(self, drafters: str, batch: int, alphas: Seq[float]) -> int:
         """The k with the most tokens per second for a batch of `batch` sequences, the

@@ -195,6 +195,9 @@ class DraftTally:
     verifies: int = 0
     committed: int = 0  # tokens the verifies committed: accepted drafts + the native token
     verify_seconds: float = 0.0  # the verifying steps' unembedding, shared among verifies
+    # The smallest batch measured so far at which drafting at this acceptance stops paying
+    # (k = 0); None while it pays at every batch measured.
+    break_even_batch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,8 @@ async def decisions(_: AdminDep, gw: GatewayDep,
 
 def drafting_view(gw: GatewayDep) -> dict | None:
     """Exact drafting as the engine runs it: the k its last drafting step chose, and per
-    drafter its acceptance and tokens per verify so far; None on an engine without it."""
+    drafter its acceptance, tokens per verify and break-even batch so far; None on an engine
+    without it."""
     stats = gw.backend.drafting_stats()
     if stats is None:
         return None
@@ -43,7 +44,8 @@ def drafting_view(gw: GatewayDep) -> dict | None:
         h: {"drafts": t.drafted, "acceptance": round(t.accepted / t.drafted, 4)
             if t.drafted else None, "verifies": t.verifies,
             "tokens_per_verify": round(t.committed / t.verifies, 3) if t.verifies else None,
-            "verify_seconds": round(t.verify_seconds, 3)} for h, t in sorted(tallies.items())}}
+            "verify_seconds": round(t.verify_seconds, 3),
+            "break_even_batch": t.break_even_batch} for h, t in sorted(tallies.items())}}
 
 
 def lambda_view(gw: GatewayDep) -> dict:

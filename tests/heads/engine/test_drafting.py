@@ -244,6 +244,8 @@ def test_k_follows_measured_costs_and_acceptance() -> None:
     costs.observe("d", 16, 128, 0.320)
     assert planner.choose_k("d", 16, [0.9] * 16) == 0
     assert planner.break_even("d", 0.9, [1, 16]) == 16
+    planner.record("d", drafted=40, accepted=38, seconds=0.1)
+    assert planner.tallies()["d"].break_even_batch == 16  # over the batches measured
     assert planner.choose_k("d", 4, []) == 0  # nobody drafts
     # a batch whose plain native step was never measured takes one first
     assert planner.choose_k("d", 2, [0.9, 0.9]) == 0

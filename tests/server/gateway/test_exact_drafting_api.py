@@ -71,6 +71,7 @@ def test_a_zero_bound_serves_the_native_heads_output_with_a_drafter(gw: Gateway)
     assert last["head"] == NATIVE and last["drafter"] == READING and last["code"] == "exact"
     drafting = decisions["drafting"]
     assert drafting["k"] == 3 and drafting["drafters"][READING]["verifies"] > 0, drafting
+    assert "break_even_batch" in drafting["drafters"][READING]  # None: k is fixed at 3
     metrics = httpx.get(f"{gw.url}/metrics", timeout=10).text
     assert f'polyhead_drafts_accepted_total{{drafter="{READING}"}}' in metrics
     assert "polyhead_draft_k 3.0" in metrics
