@@ -12,9 +12,8 @@ it started on and its content class: the prompt's script plus the half-octave of
 head's predicted BPB penalty (router.segmentation), which orders code < English < German on
 the demo, all one script. A class's byte shares are shrunk towards "stays on the start
 head" by PRIOR_BYTES, so a class seen once moves the price a little and a class seen often
-decides it. Not towards its script's: on the demo the script lumps Python, which stays on the
-32k reading, with English and German, which move, and a Python prompt priced by them was
-never tried on the reading again (0.91x the pinned 131k head where the reading is 1.2x).
+decides it. Not towards its script's: on the demo the script lumps Python with English and
+German prose, and a class priced by the others' moves would not be tried on its own.
 
 price(start) = Σ_rung share_rung · price(rung), each rung priced per served byte as the
 policy prices a head (router.policy.builtin). Counted in process, not persisted.
@@ -27,19 +26,17 @@ import threading
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-PRIOR_BYTES = 512.0  # evidence behind each level's prior, in output bytes
+from router.compression import stat_key
+
+PRIOR_BYTES = 512.0  # evidence behind the "stays put" prior, in output bytes
 PENALTY_UNIT = 0.01  # the penalty buckets' origin: half-octaves above 1% BPB
 
 
 def content_class(script: str, penalty: float | None) -> str:
-    """`script` with the half-octave of the predicted penalty: "latin~9" (18–25% BPB)."""
+    """`script` with the half-octave of the predicted penalty: "latin~9" (19–27% BPB)."""
     if penalty is None or penalty <= PENALTY_UNIT:
         return f"{script}~0"
     return f"{script}~{round(2 * math.log2(penalty / PENALTY_UNIT))}"
-
-
-def _key(start: str, cls: str) -> str:
-    return f"{start}/{cls}"
 
 
 class LadderOutcomes:
@@ -56,7 +53,7 @@ class LadderOutcomes:
             raise ValueError("rung bytes must be >= 0")
         cls = content_class(script, penalty)
         with self._lock:
-            counts = self._bytes.setdefault(_key(start, cls), {})
+            counts = self._bytes.setdefault(stat_key(start, cls), {})
             for rung, n in rung_bytes.items():
                 counts[rung] = counts.get(rung, 0.0) + n
 
@@ -70,7 +67,7 @@ def rung_shares(outcomes: Mapping[str, Mapping[str, float]], start: str, script:
                 penalty: float | None) -> dict[str, float]:
     """Expected share of a request's output bytes per rung, for one starting on `start`:
     {start: 1.0} until laddered requests of its class have finished."""
-    counts = outcomes.get(_key(start, content_class(script, penalty)), {})
+    counts = outcomes.get(stat_key(start, content_class(script, penalty)), {})
     total = sum(counts.values()) + PRIOR_BYTES
     return {r: (counts.get(r, 0.0) + (PRIOR_BYTES if r == start else 0.0)) / total
             for r in {start, *counts}}

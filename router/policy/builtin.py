@@ -186,7 +186,6 @@ class CostPolicy:
         return Choice(mine, f"{self.name}: {mine} for this request ({why}; {table}; live mix "
                             f"{mix}); regime: {said}", new_code, costs)
 
-
     def _as_served(self, costs: dict[str, float], features: RequestFeatures,
                    snapshot: StateSnapshot, profiles: Sequence[HeadProfile],
                    live: Sequence[Group], lam: float, before: float
