@@ -47,6 +47,7 @@ device's peak: a floor; a real run at 40–50% MFU costs about twice that, for e
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -130,23 +131,52 @@ def context_tokens(head: HeadProfile, features: RequestFeatures) -> float:
     return prompt_tokens(head, features) + features.max_tokens / 2
 
 
-def prefill_s(head: HeadProfile, timer: StepTimer, tokens: float) -> float:
-    """Compute-bound prefill: 2·N FLOP per prompt token plus one unembedding read, at peak;
-    a measured reading adds its prompt measurement: one read of the native rows
-    (measure_rows) for up to MEASURED_POSITIONS positions."""
-    d = timer.device
+@dataclass(frozen=True, slots=True)
+class PrefillCost:
+    """Analytic seconds of one prompt's prefill, by resource, at the device's peaks."""
+
+    memory_s: float  # the head's unembedding read, for the last position's logits
+    compute_s: float  # 2·N FLOP per prompt token computed
+    measure_s: float  # the prompt measurement: one native read + its product's FLOPs
+
+    @property
+    def analytic_s(self) -> float:
+        return self.memory_s + self.compute_s + self.measure_s
+
+
+def prefill_cost(head: HeadProfile, device: DeviceSpec, tokens: float,
+                 measured: float) -> PrefillCost:
+    """tokens: prompt tokens computed; measured: prompt positions the engine's measured
+    quality control scores (a [measured, d] × [measure_rows, d] product)."""
     s = head.weight_bytes_per_param
-    out = 2.0 * head.backbone_params * tokens / d.peak_flops + head.unembed_params * s / d.mem_bw
-    if head.measure_rows:
-        native = head.measure_rows * head.hidden_size
-        out += native * s / d.mem_bw + 2.0 * min(tokens, MEASURED_POSITIONS) * native \
-            / d.peak_flops
-    return out
+    native = head.measure_rows * head.hidden_size
+    measure = 0.0
+    if native and measured > 0:
+        measure = native * s / device.mem_bw + 2.0 * measured * native / device.peak_flops
+    return PrefillCost(head.unembed_params * s / device.mem_bw,
+                       2.0 * head.backbone_params * tokens / device.peak_flops, measure)
 
 
-# Prompt positions the engine's measured quality control scores at most (the gateway's
-# quality_positions default), as the router prices the measurement.
-MEASURED_POSITIONS = 64
+def measured_positions(head: HeadProfile, tokens: float) -> int:
+    """Prompt positions the engine's measurement scores on a `tokens`-token prompt: up to
+    head.measure_positions from the later half of its predicted positions, none below
+    MIN_MEASURED_POSITIONS (heads.engine.quality_control); 0 for an unmeasured head."""
+    predicted = max(0, math.ceil(tokens) - 1)
+    if not head.measure_rows or predicted < MIN_MEASURED_POSITIONS:
+        return 0
+    return min(head.measure_positions, predicted - predicted // 2)
+
+
+def prefill_s(head: HeadProfile, timer: StepTimer, tokens: float) -> float:
+    """A prompt's prefill on `head`, its measurement included where the head is measured:
+    as the timer measured such prefills when it did (router.prefill_time_fit), else the
+    analytic PrefillCost at peak."""
+    return timer.prefill_time(head, tokens, measured_positions(head, tokens))
+
+
+# Predicted prompt positions below which the engine does not measure a prompt
+# (QualityLadder.min_positions).
+MIN_MEASURED_POSITIONS = 8
 
 
 def group_rows(head: HeadProfile) -> float:
@@ -249,6 +279,8 @@ class StepTimer(Protocol):
 
     def step_time(self, groups: Sequence[Group]) -> float: ...
 
+    def prefill_time(self, head: HeadProfile, tokens: float, measured: int) -> float: ...
+
 
 @dataclass(frozen=True, slots=True)
 class AnalyticTimer:
@@ -258,6 +290,9 @@ class AnalyticTimer:
 
     def step_time(self, groups: Sequence[Group]) -> float:
         return mixed_step_cost(groups, self.device, self.kernel_calibration).estimate_s
+
+    def prefill_time(self, head: HeadProfile, tokens: float, measured: int) -> float:
+        return prefill_cost(head, self.device, tokens, measured).analytic_s
 
 
 def _timer(model: DeviceSpec | StepTimer) -> StepTimer:

@@ -64,6 +64,8 @@ class HeadProfile:
     probe_rows: float = 0.0
     # Native rows its prompt measurement reads once per request (V_native); 0: unmeasured.
     measure_rows: float = 0.0
+    # Prompt positions that measurement scores at most (the gateway's quality_positions).
+    measure_positions: int = 64
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -78,7 +80,7 @@ class HeadProfile:
             raise ValueError(f"{self.name}: bytes_per_token must be > 0")
         if self.bpb is not None and self.bpb <= 0:
             raise ValueError(f"{self.name}: bpb must be > 0")
-        if min(self.group_rows, self.probe_rows, self.measure_rows) < 0:
+        if min(self.group_rows, self.probe_rows, self.measure_rows, self.measure_positions) < 0:
             raise ValueError(f"{self.name}: group_rows, probe_rows, measure_rows must be >= 0")
         if self.bpb_penalty is not None and min(self.bpb_penalty) < 0:
             raise ValueError(f"{self.name}: bpb_penalty coefficients must be >= 0")

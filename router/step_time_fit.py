@@ -14,6 +14,7 @@ the optimistic floor, scaled by the lowest measured time ÷ floor seen (at most 
 floor counts every weight at the profile's width and the device's nominal bandwidth, and an
 engine reading int8 rows at one row, or a machine faster than its nominal figure, beats it.
 Unscaled, that floor priced the demo's native head at 27 ms a step while it measured 15 ms.
+Prefill steps are fitted apart (router.prefill_time_fit), in `prefill`.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from kernels.crossover_calibration import CrossoverCalibration
 from kernels.devices import DeviceSpec
 from router.cost import Group, mixed_step_cost
+from router.nonneg_fit import fit_nonneg
+from router.prefill_time_fit import FittedPrefillTime, PrefillSample
+from router.profiles import HeadProfile
 
 log = logging.getLogger(__name__)
 
@@ -51,33 +56,17 @@ def _shape_key(groups: Iterable[Group]) -> tuple[tuple[str, int, int], ...]:
                         for g in groups))
 
 
-def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting on an n×n system; None when singular."""
-    n = len(b)
-    m = [row[:] + [rhs] for row, rhs in zip(a, b, strict=True)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) < 1e-30:
-            return None
-        m[col], m[pivot] = m[pivot], m[col]
-        for r in range(n):
-            if r != col:
-                f = m[r][col] / m[col][col]
-                m[r] = [x - f * y for x, y in zip(m[r], m[col], strict=True)]
-    return [m[i][n] / m[i][i] for i in range(n)]
+class MeasuredStep(Protocol):
+    """An engine's step timing (heads.engine.types.StepTiming), as the timer reads it."""
 
-
-def _solve_subset(ata: list[list[float]], atb: list[float], keep: tuple[int, ...]
-                  ) -> list[float] | None:
-    """The normal equations restricted to the coefficients in `keep` (the rest 0) -> all
-    three coefficients; None when singular."""
-    sub = _solve([[ata[i][j] for j in keep] for i in keep], [atb[i] for i in keep])
-    if sub is None:
-        return None
-    out = [0.0, 0.0, 0.0]
-    for i, c in zip(keep, sub, strict=True):
-        out[i] = c
-    return out
+    @property
+    def prefill(self) -> bool: ...
+    @property
+    def groups(self) -> tuple[tuple[str, int, float], ...]: ...
+    @property
+    def prompts(self) -> tuple[tuple[str, int, int], ...]: ...
+    @property
+    def seconds(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +93,7 @@ class FittedStepTimer:
         self._floor_scale = 1.0  # min measured ÷ optimistic floor over the samples, <= 1
         self._dirty = False
         self._recorded = 0  # samples accepted so far (the deque keeps the last MAX_SAMPLES)
+        self.prefill = FittedPrefillTime(device, self._heads.values())  # the prompts' fit
 
     @property
     def sample_count(self) -> int:
@@ -114,6 +104,13 @@ class FittedStepTimer:
         with self._lock:
             self._refit()
             return self._fit
+
+    def record_step(self, step: MeasuredStep) -> None:
+        """A measured engine step: a prefill into the prompts' fit, a decode step here."""
+        if step.prefill:
+            self.prefill.record(PrefillSample(step.prompts, step.seconds))
+        else:
+            self.record(StepSample(step.groups, step.seconds))
 
     def record(self, sample: StepSample) -> None:
         groups = [Group(self._heads[name], b, ctx) for name, b, ctx in sample.groups
@@ -164,33 +161,10 @@ class FittedStepTimer:
         if not self._dirty or len(self._samples) < MIN_FIT_SAMPLES:
             return
         self._dirty = False
-        # Relative least squares (each row ÷ t): a 10 µs step counts as much as a 10 ms one.
-        ata = [[0.0] * 3 for _ in range(3)]
-        atb = [0.0] * 3
-        for mem, cmp_, t in self._samples:
-            row = (1.0 / t, mem / t, cmp_ / t)
-            for i in range(3):
-                atb[i] += row[i]
-                for j in range(3):
-                    ata[i][j] += row[i] * row[j]
-        for i in range(3):  # a touch of ridge: shapes that never vary leave a column flat
-            ata[i][i] += 1e-9 * (ata[i][i] or 1.0)
-        best: StepTimeFit | None = None
-        # Non-negative least squares over three coefficients: the unconstrained solution of
-        # each subset of them (the others held at 0), the best one with no negative
-        # coefficient. Clamping the full solution's negatives instead left the others fitted
-        # to a column that was gone (a 1.5 s "overhead" and 330x relative error, measured).
-        for keep in ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,)):
-            coef = _solve_subset(ata, atb, keep)
-            if coef is None or min(coef) < 0:
-                continue
-            c0, cm, cc = coef
-            err = math.sqrt(sum(((c0 + cm * m + cc * c) / t - 1.0) ** 2
-                                for m, c, t in self._samples) / len(self._samples))
-            if best is None or err < best.rms_rel_error:
-                best = StepTimeFit(c0, cm, cc, len(self._samples), err)
-        if best is not None:
-            self._fit = best
+        fitted = fit_nonneg([((m, c), t) for m, c, t in self._samples])
+        if fitted is not None:
+            (c0, cm, cc), err = fitted
+            self._fit = StepTimeFit(c0, cm, cc, len(self._samples), err)
 
     def step_time(self, groups: Sequence[Group]) -> float:
         key = _shape_key(groups)
@@ -213,6 +187,9 @@ class FittedStepTimer:
             return cost.estimate_s
         fitted = fit.overhead_s + fit.mem_scale * cost.memory_s + fit.cmp_scale * cost.compute_s
         return max(floor, fitted)
+
+    def prefill_time(self, head: HeadProfile, tokens: float, measured: int) -> float:
+        return self.prefill.seconds(head, tokens, measured)
 
     @property
     def floor_scale(self) -> float:

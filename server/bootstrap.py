@@ -91,11 +91,12 @@ def compute_dtype(settings: Settings) -> str:
 
 
 def head_profiles(manifest: Manifest, dtype: str | None = None,
-                  nested_pass: bool = True, probe_every: int | None = None
-                  ) -> list[HeadProfile]:
+                  nested_pass: bool = True, probe_every: int | None = None,
+                  measure_positions: int = 64) -> list[HeadProfile]:
     """`nested_pass`: the backend reads a nested head's rows in one pass with the larger
     live heads' (the local engine); the vLLM backend's logits run per head. `probe_every`:
-    the engine probes readings' decode steps this often (measured quality control)."""
+    the engine probes readings' decode steps this often, and measures at most
+    `measure_positions` positions of a prompt (measured quality control)."""
     b = manifest.backbone
     s = DTYPE_BYTES[dtype or manifest.dtype]
     probe = 0.0 if probe_every is None else manifest.native.vocab_size / probe_every
@@ -122,6 +123,7 @@ def head_profiles(manifest: Manifest, dtype: str | None = None,
             probe_rows=probe if h.reads is not None else 0.0,
             measure_rows=(manifest.native.vocab_size if probe and h.reads is not None
                           else 0.0),
+            measure_positions=measure_positions,
         )
         for h in manifest.heads
     ]
@@ -158,7 +160,8 @@ def build_router(manifest: Manifest, settings: Settings) -> tuple[Router, LiveSt
     measured = measured_quality(settings)
     profiles = head_profiles(manifest, compute_dtype(settings),
                              nested_pass=settings.backend == "local",
-                             probe_every=settings.quality_probe_every if measured else None)
+                             probe_every=settings.quality_probe_every if measured else None,
+                             measure_positions=settings.quality_positions)
     state = LiveState.for_profiles(profiles, settings.batch_window_s, settings.prompt_bpb_alpha)
     device = device_spec(settings.device)
     # The engine's kernel crossovers on this device, so the cost model prices the same kernel,

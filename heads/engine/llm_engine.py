@@ -278,7 +278,7 @@ class LocalEngine:
             started = time.perf_counter()
             out = self._runner.run(seqs, is_prefill)
             if not any(s.draft is not None for s in seqs):  # drafting prices its own steps
-                self._timings.append(_timing(seqs, is_prefill, time.perf_counter() - started))
+                self._timings.append(_timing(seqs, out.measured, time.perf_counter() - started))
             with self._cond:
                 results = self._scheduler.postprocess(seqs, out.token_ids, out.drafts)
                 none = [None] * len(seqs)
@@ -352,9 +352,17 @@ def _with_ladder(event: TokenEvent, seq: Sequence, first: bool) -> TokenEvent:
     return dataclasses.replace(event, head=seq.head, prompt_losses=losses, moves=moves)
 
 
-def _timing(seqs: list[Sequence], prefill: bool, seconds: float) -> StepTiming:
+def _timing(seqs: list[Sequence], measured: list[int] | None, seconds: float) -> StepTiming:
+    """measured: None for a decode step; per sequence, the prompt positions measured for a
+    prefill. Called before postprocess, so num_cached_tokens is still this prefill's."""
     ctx: dict[str, list[int]] = {}
-    for seq in seqs:
+    prompts: dict[str, tuple[int, int]] = {}
+    for i, seq in enumerate(seqs):
         ctx.setdefault(seq.head, []).append(seq.num_tokens)
+        if measured is not None:
+            tokens, positions = prompts.get(seq.head, (0, 0))
+            prompts[seq.head] = (tokens + seq.num_tokens - seq.num_cached_tokens,
+                                 positions + measured[i])
     groups = tuple((h, len(n), sum(n) / len(n)) for h, n in ctx.items())
-    return StepTiming(prefill, groups, seconds)
+    return StepTiming(measured is not None, groups, seconds,
+                      tuple((h, t, m) for h, (t, m) in prompts.items()))

@@ -51,6 +51,8 @@ class StepOutput:
     prompt_logprobs: list[tuple[TokenLogprobs, ...] | None] | None = None
     # Exact drafting (heads.engine.drafting): per sequence, None where it is not drafting.
     drafts: list[DraftOutcome | None] | None = None
+    # Prefill: per sequence, the prompt positions the measured quality control scored.
+    measured: list[int] | None = None
 
 
 class ModelRunner:
@@ -226,11 +228,13 @@ class ModelRunner:
         scores = self._score(seqs, hidden, last) if is_prefill else None
         prompt_lps = (prompt_tops(hidden, seqs, last, self.model.head_output) if is_prefill
                       else None)
-        if is_prefill:  # laddered sequences start on the rung their prompt earns
+        measured = [0] * len(seqs) if is_prefill else None
+        if measured is not None:  # laddered sequences start on the rung their prompt earns
             for i, s in enumerate(seqs):
                 if s.quality is not None and s.quality.prompt_losses is None:
                     first = last[i] - (s.num_tokens - s.num_cached_tokens) + 1
-                    self.quality.at_prefill(s, hidden[first:last[i] + 1], s.num_cached_tokens)
+                    measured[i] = self.quality.at_prefill(s, hidden[first:last[i] + 1],
+                                                          s.num_cached_tokens)
         hidden = hidden[self._tensor(last)]  # [B, d]: the last token of each sequence
         if not is_prefill and any(s.quality is not None for s in seqs):
             self.quality.at_decode(seqs, hidden)  # may move a sequence before it samples
@@ -248,7 +252,7 @@ class ModelRunner:
             self.drafting.costs.observe(drafters_of(seqs), len(seqs),
                                         rows.heads.count(self.native),
                                         time.perf_counter() - step_started)
-        return StepOutput(token_ids, logprobs, scores, tops, prompt_lps, drafts)
+        return StepOutput(token_ids, logprobs, scores, tops, prompt_lps, drafts, measured)
 
     def _drafts(self, seqs: list[Sequence], rows: _Rows, tokens: list[int],
                 lps: list[float | None], seconds: float) -> list[DraftOutcome | None]:

@@ -92,16 +92,17 @@ class QualityController:
         return {r: float((p * (native - lp)).sum()) / entropy if entropy > 0 else 0.0
                 for r, lp in logps.items()}
 
-    def at_prefill(self, seq: Sequence, hidden: torch.Tensor, first_token: int) -> None:
+    def at_prefill(self, seq: Sequence, hidden: torch.Tensor, first_token: int) -> int:
         """Measure the prompt and put `seq` on the rung to start on: `hidden` [m + 1, d] are
-        the rows of prompt tokens first_token.. (row j predicts token first_token + j + 1)."""
+        the rows of prompt tokens first_token.. (row j predicts token first_token + j + 1).
+        -> the prompt positions measured (the router prices the measurement by them)."""
         state = seq.quality
         assert state is not None
         ladder, prompt = state.ladder, seq.prompt_ids
         predicted = len(prompt) - first_token - 1
         if predicted < ladder.min_positions:  # too little prompt here to say anything
             state.prompt_losses = {}
-            return
+            return 0
         started = time.perf_counter()
         picks = later_positions(predicted, ladder.positions, seq.params.seed)
         rows = hidden[torch.tensor(picks, device=hidden.device)]
@@ -112,6 +113,7 @@ class QualityController:
         head = ladder.first_within(state.prompt_losses)
         if head != seq.head:
             self._move(seq, head, state.prompt_losses[seq.head], "prompt")
+        return len(picks)
 
     def at_decode(self, seqs: list[Sequence], hidden: torch.Tensor) -> None:
         """One decode step over `seqs` (hidden [B, d], a row each): probe the laddered ones

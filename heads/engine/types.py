@@ -207,3 +207,6 @@ class StepTiming:
     prefill: bool
     groups: tuple[tuple[str, int, float], ...]  # (head, requests, mean context tokens)
     seconds: float
+    # Prefill steps: per head, (prompt tokens computed past the prefix cache, prompt
+    # positions the measured quality control scored); () for decode steps.
+    prompts: tuple[tuple[str, int, int], ...] = ()

@@ -16,6 +16,7 @@ from heads.engine.types import (
     DraftTally,
     GenerationRequest,
     HeadLoad,
+    QualityLadder,
     StepTiming,
     TokenEvent,
 )
@@ -24,6 +25,7 @@ from kernels.row_params import RowParams
 from server.backends.base import BackendBase
 
 MEASURED_TOKENS = 6  # per head at start: five one-row decode steps for the calibration
+WARM_PROMPTS = (24, 96)  # prompt lengths, tokens, prefilled per head at start
 
 
 class LocalBackend(BackendBase):
@@ -58,27 +60,44 @@ class LocalBackend(BackendBase):
 
     async def _warm_up(self) -> None:
         """Two greedy tokens per head and reading before the gateway is ready, then
-        MEASURED_TOKENS more per head whose decode steps the router's calibration keeps. The
-        first steps pay for allocations and lazy initialisation; measured, they would teach
-        the calibration that a step costs many times what it does, so their timings are
-        dropped. The steps after them give every head a measured one-row step before its
-        first request: a head the router never chose would otherwise be priced only by the
-        fit over the others, and a reading's first steps at 3-6x its time."""
+        MEASURED_TOKENS more per head whose decode steps the router's calibration keeps, and
+        a prefill of each WARM_PROMPTS length per head (a reading's measured, as the router
+        ladders it). The first steps pay for allocations and lazy initialisation; measured,
+        they would teach the calibration that a step costs many times what it does, so the
+        timings of a first pass are dropped. The steps after them give every head a measured
+        one-row step and prefill before its first request: a head the router never chose
+        would otherwise be priced only by the fit over the others, and a reading's first
+        steps at 3-6x its time."""
         manifest = self.model.manifest
+        native = manifest.native
         # A reading reads native ids: it starts from the native head's first token.
         heads = [(spec.name, spec) for spec in manifest.heads] + [
-            (name, manifest.native) for name in self.engine.readings]
+            (name, native) for name in self.engine.readings]
         for measured in (False, True):
-            for name, spec in heads:
+            for i, (name, spec) in enumerate(heads):
                 first = (spec.bos_token_id if spec.bos_token_id is not None
                          else spec.eos_token_ids[0])
                 n = MEASURED_TOKENS if measured else 2
-                req = GenerationRequest(f"warm-up-{name}", name, (first,), n,
-                                        RowParams(temperature=0.0), frozenset())
-                async for _ in self.engine.generate(req):
-                    pass
+                await self._drain(GenerationRequest(f"warm-up-{name}", name, (first,), n,
+                                                    RowParams(temperature=0.0), frozenset()))
+                ladder = (QualityLadder((name, native.name), bound=0.05)
+                          if name in self.engine.readings else None)
+                for j, length in enumerate(WARM_PROMPTS):
+                    # Ids no other warm-up prompt shares, so no prefix cache hit shortens it
+                    # (where the vocabulary is large enough; the tiny test model's is not).
+                    start = 1000 + (2 * i + j + len(heads) * measured) * max(WARM_PROMPTS)
+                    length = min(length, self.engine.longest_sequence() - 1)
+                    prompt = (first, *(k % spec.vocab_size
+                                       for k in range(start, start + length - 1)))
+                    await self._drain(GenerationRequest(
+                        f"warm-up-{name}-{length}", name, prompt, 1,
+                        RowParams(temperature=0.0), frozenset(), ladder=ladder))
             if not measured:
                 self.engine.drain_step_timings()
+
+    async def _drain(self, request: GenerationRequest) -> None:
+        async for _ in self.engine.generate(request):
+            pass
 
     async def stop(self) -> None:
         await self.engine.shutdown()

@@ -23,7 +23,7 @@ from heads.vocab.tokenizer import HeadTokenizer
 from router.admission import Ticket
 from router.router import Router
 from router.state import LiveState
-from router.step_time_fit import FittedStepTimer, StepSample
+from router.step_time_fit import FittedStepTimer
 from server.backends.base import Backend
 from server.gateway.accounting import RequestAccounting
 from server.gateway.admission_gate import AdmissionGate
@@ -100,8 +100,7 @@ class Gateway:
         timer = self.router.timer
         if isinstance(timer, FittedStepTimer):
             for t in self.backend.step_timings():  # empty unless the engine times its steps
-                if not t.prefill:  # the cost model describes decode steps
-                    timer.record(StepSample(t.groups, t.seconds))
+                timer.record_step(t)
 
     # --- 2. admit -----------------------------------------------------------------------------
 

@@ -46,7 +46,8 @@ async def replay_levels(ckpt: Checkpoint, trace: Sequence[SimRequest], labels: S
     """`labels`: policies, `static:<head>` and `stock-vllm:<head>` (served by `stock[head]`);
     each runs `rounds` times per level."""
     profiles = head_profiles(ckpt.manifest, ckpt.model.dtype_name,  # priced as the engine runs
-                             probe_every=cfg.probe_every if cfg.measured_quality else None)
+                             probe_every=cfg.probe_every if cfg.measured_quality else None,
+                             measure_positions=cfg.positions)
     device = device_spec("auto")
     heads = [p.name for p in profiles]
 

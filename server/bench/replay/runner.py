@@ -318,6 +318,8 @@ class Replayer:
 
 
 def _account(out: ReplayResult, t: StepTiming, regime: str, timer: StepTimer) -> None:
+    if isinstance(timer, FittedStepTimer):  # live calibration, as the gateway does
+        timer.record_step(t)
     out.result.device_s += t.seconds
     out.result.steps += 1
     out.regime_s[regime] = out.regime_s.get(regime, 0.0) + t.seconds
@@ -336,10 +338,7 @@ def _account(out: ReplayResult, t: StepTiming, regime: str, timer: StepTimer) ->
             s, r = out.head_decode.get(head, (0.0, 0))
             out.head_decode[head] = (s + t.seconds * n / rows, r + n)
         out.result.max_batch = max(out.result.max_batch, sum(n for _, n, _ in t.groups))
-        sample = StepSample(t.groups, t.seconds)
-        out.decode_steps.append(sample)
-        if isinstance(timer, FittedStepTimer):  # live calibration, as the gateway does
-            timer.record(sample)
+        out.decode_steps.append(StepSample(t.groups, t.seconds))
 
 
 def _spans(heads: Sequence[str]) -> tuple[tuple[int, str], ...]:

@@ -43,7 +43,8 @@ async def replay_all(ckpt: Checkpoint, trace: Sequence[SimRequest], policies: Se
     in flight (Replayer.run). `statics`: the static heads to run (default every head).
     `simulate`: also the simulator's prediction (open loop only)."""
     profiles = head_profiles(ckpt.manifest, ckpt.model.dtype_name,  # priced as the engine runs
-                             probe_every=cfg.probe_every if cfg.measured_quality else None)
+                             probe_every=cfg.probe_every if cfg.measured_quality else None,
+                             measure_positions=cfg.positions)
     device = device_spec("auto")
     heads = [p.name for p in profiles]
     static = list(heads if statics is None else statics)

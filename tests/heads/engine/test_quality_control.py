@@ -4,12 +4,15 @@ a move, at the prefill or mid-stream, continues exactly as the head it moved to 
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
 import torch
 
+from heads.engine.config import EngineConfig
 from heads.engine.grouped_reading import GroupedReading
+from heads.engine.llm_engine import LocalEngine
 from heads.engine.types import GenerationRequest, QualityLadder, TokenEvent
 from heads.errors import EngineError
 from heads.model.multi_head import MultiHeadModel
@@ -172,3 +175,36 @@ def test_a_sequence_far_inside_its_bound_probes_less_often(
     # with the tight sequence's probe
     assert relaxed == [2, 4, 8, 16, 24, 32]
     assert set(relaxed) <= set(every)
+
+
+def test_a_prefill_timing_counts_the_tokens_computed_and_the_positions_measured(
+        model: MultiHeadModel, readings: list[GroupedReading]) -> None:
+    """The router prices a prompt's prefill and measurement from these (router.
+    prefill_time_fit): tokens the prefix cache served are not computed, and a measured prompt
+    scores up to `positions` of the later half of its predicted positions."""
+    async def go() -> list:
+        engine = LocalEngine(model, EngineConfig(num_kv_blocks=96), readings=readings)
+        await engine.start()
+        try:
+            ladder = _ladder(readings, 100.0, positions=8)
+            for r in (_req("a", readings[0].name, PROMPT, 2, ladder),
+                      _req("b", NATIVE, PROMPT + (7, 8, 9), 2)):
+                async for _ in engine.generate(r):
+                    pass
+            return engine.drain_step_timings()
+        finally:
+            await engine.shutdown()
+    try:
+        timings = asyncio.run(go())
+    finally:
+        for r in readings:
+            model.heads.pop(r.name)
+            model._readings.pop(r.name)
+    prefills = [t for t in timings if t.prefill]
+    decodes = [t for t in timings if not t.prefill]
+    assert [t.prompts for t in prefills][0] == ((readings[0].name, len(PROMPT), 8),)
+    [(head, computed, measured)] = prefills[1].prompts
+    block = EngineConfig(num_kv_blocks=96).block_size
+    cached = len(PROMPT) // block * block  # the first prompt's full blocks
+    assert (head, computed, measured) == (NATIVE, len(PROMPT) + 3 - cached, 0)
+    assert decodes and all(t.prompts == () for t in decodes)
