@@ -167,11 +167,12 @@ def measured_positions(head: HeadProfile, tokens: float) -> int:
     return min(head.measure_positions, predicted - predicted // 2)
 
 
-def prefill_s(head: HeadProfile, timer: StepTimer, tokens: float) -> float:
-    """A prompt's prefill on `head`, its measurement included where the head is measured:
-    as the timer measured such prefills when it did (router.prefill_time_fit), else the
-    analytic PrefillCost at peak."""
-    return timer.prefill_time(head, tokens, measured_positions(head, tokens))
+def prefill_s(head: HeadProfile, timer: StepTimer, tokens: float, measure: bool = True
+              ) -> float:
+    """A prompt's prefill on `head`, its measurement included where the head is measured
+    and `measure` holds: as the timer measured such prefills when it did
+    (router.prefill_time_fit), else the analytic PrefillCost at peak."""
+    return timer.prefill_time(head, tokens, measured_positions(head, tokens) if measure else 0)
 
 
 # Predicted prompt positions below which the engine does not measure a prompt
@@ -373,5 +374,6 @@ def request_cost_per_byte(head: HeadProfile, timer: StepTimer, live: Sequence[Gr
     `before`: live_step_s(timer, live), when already known."""
     n = max(1, features.max_tokens)
     step = marginal_step_s(head, timer, live, context_tokens(head, features), before)
-    prefill = prefill_s(head, timer, prompt_tokens(head, features))
+    prefill = prefill_s(head, timer, prompt_tokens(head, features),
+                        head.name not in features.unmeasured)
     return (prefill + n * step) / (n * features.output_bpt(head))

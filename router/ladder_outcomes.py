@@ -16,7 +16,8 @@ decides it. Not towards its script's: on the demo the script lumps Python with E
 German prose, and a class priced by the others' moves would not be tried on its own.
 
 price(start) = Σ_rung share_rung · price(rung), each rung priced per served byte as the
-policy prices a head (router.policy.builtin). Counted in process, not persisted.
+policy prices a head (router.policy.builtin). A class that stays put skips the prompt
+measurement (stays_put). Counted in process, not persisted.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from types import MappingProxyType
 from router.compression import stat_key
 
 PRIOR_BYTES = 512.0  # evidence behind the "stays put" prior, in output bytes
+# A class whose laddered requests kept this share of STAY_EVIDENCE_BYTES or more of their
+# output bytes on the start head starts there unmeasured (stays_put).
+STAY_SHARE = 0.95
+STAY_EVIDENCE_BYTES = 2048.0
 PENALTY_UNIT = 0.01  # the penalty buckets' origin: half-octaves above 1% BPB
 
 
@@ -71,6 +76,18 @@ def rung_shares(outcomes: Mapping[str, Mapping[str, float]], start: str, script:
     total = sum(counts.values()) + PRIOR_BYTES
     return {r: (counts.get(r, 0.0) + (PRIOR_BYTES if r == start else 0.0)) / total
             for r in {start, *counts}}
+
+
+def stays_put(outcomes: Mapping[str, Mapping[str, float]], start: str, script: str,
+              penalty: float | None) -> bool:
+    """Whether requests of this class starting on `start` have stayed there: STAY_SHARE of
+    at least STAY_EVIDENCE_BYTES of their output, counted, not shrunk. Such a request skips
+    the prompt measurement (one [k, d] × [V_native, d] product, about as long as its prefill
+    on the demo) and the decode probes alone guard it; its bytes keep counting here, so a
+    class that starts moving is measured again."""
+    counts = outcomes.get(stat_key(start, content_class(script, penalty)), {})
+    total = sum(counts.values())
+    return total >= STAY_EVIDENCE_BYTES and counts.get(start, 0.0) >= STAY_SHARE * total
 
 
 def served_price(start: str, shares: Mapping[str, float],

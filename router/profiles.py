@@ -132,6 +132,9 @@ class RequestFeatures:
     predicted_bpt: Mapping[str, float] = field(default_factory=dict)  # head -> output B/token
     bpb_penalty: Mapping[str, float] = field(default_factory=dict)  # head -> predicted loss
     excluded: Mapping[str, float] = field(default_factory=dict)  # head -> loss past the bound
+    # Measured readings this request would start on without a prompt measurement, its class
+    # having stayed put on them (router.ladder_outcomes.stays_put).
+    unmeasured: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.prompt_bytes < 0 or self.max_tokens < 0:

@@ -24,6 +24,7 @@ from router.errors import (
     UnknownHead,
     VersionConflict,
 )
+from router.ladder_outcomes import stays_put
 from router.policy.base import Decision, Policy, inputs_of
 from router.policy.build import build_policy
 from router.policy.builtin import Choice, live_batch
@@ -291,7 +292,7 @@ class Router:
                         inputs_of(snap, live_batch(snap)), time.time(),
                         request_record(features),
                         () if drafter else self._ladder(c.head, active.spec),
-                        drafter), features
+                        drafter, c.head not in features.unmeasured), features
 
     def _native(self) -> HeadProfile:
         return max((p for p in self.profiles if p.reads is None), key=lambda p: p.vocab_size)
@@ -354,11 +355,14 @@ class Router:
         bound = getattr(spec.params, "max_bpb_loss", None)
         routable = {p.name for p in profiles}
         excluded = excluded_by_bound({h: v for h, v in pen.items() if h in routable}, bound)
+        unmeasured: frozenset[str] = frozenset()
         if self.measured_readings:  # measured per request by the engine instead
             readings = {p.name for p in self.profiles if p.reads is not None}
             excluded = {h: v for h, v in excluded.items() if h not in readings}
+            unmeasured = frozenset(r for r in readings if stays_put(
+                snap.ladders, r, features.script, pen.get(r)))
         return dataclasses.replace(
-            features, bpb_penalty=pen, excluded=excluded,
+            features, bpb_penalty=pen, excluded=excluded, unmeasured=unmeasured,
             predicted_bpt=predict_all(self.profiles, features, snap.output_bytes,
                                       snap.output_tokens))
 

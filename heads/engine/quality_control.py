@@ -100,7 +100,8 @@ class QualityController:
         assert state is not None
         ladder, prompt = state.ladder, seq.prompt_ids
         predicted = len(prompt) - first_token - 1
-        if predicted < ladder.min_positions:  # too little prompt here to say anything
+        if predicted < ladder.min_positions or ladder.positions == 0:  # nothing to say, or
+            # the router judged this content class safe to start on rung 0 unmeasured
             state.prompt_losses = {}
             return 0
         started = time.perf_counter()

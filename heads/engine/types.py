@@ -98,7 +98,10 @@ class QualityLadder:
 
     rungs: tuple[str, ...]  # cheapest first; the last is the native head (loss 0)
     bound: float  # relative BPB loss against the native head, e.g. 0.05
-    positions: int = 64  # prompt positions scored at the first prefill
+    # Prompt positions scored at the first prefill; 0: none, the sequence starts on rung 0
+    # and the decode probes alone guard it (the router's choice for a content class whose
+    # laddered requests stayed put, router.ladder_outcomes.stays_put).
+    positions: int = 64
     min_positions: int = 8  # fewer predicted positions: the prompt says nothing, keep rung 0
     probe_every: int = 8  # decode steps between probes (engine-wide, so probes share a read)
     # A sequence whose running loss stays under bound x relax_below probes half as often,
@@ -115,10 +118,10 @@ class QualityLadder:
             raise ValueError(f"a ladder needs two or more distinct rungs, got {self.rungs}")
         if not math.isfinite(self.bound) or self.bound < 0:
             raise ValueError(f"bound must be a finite number >= 0, got {self.bound}")
-        if min(self.positions, self.probe_every, self.window, self.min_probes,
-               self.max_stretch) < 1:
-            raise ValueError("positions, probe_every, window, min_probes and max_stretch "
-                             "must be >= 1")
+        if min(self.probe_every, self.window, self.min_probes, self.max_stretch) < 1 \
+                or self.positions < 0:
+            raise ValueError("probe_every, window, min_probes and max_stretch must be >= 1, "
+                             "positions >= 0")
         if not 0 <= self.relax_below <= 1:
             raise ValueError(f"relax_below must be in [0, 1], got {self.relax_below}")
 

@@ -32,6 +32,9 @@ class Decision:
     # Exact drafting (heads.engine.drafting): the reading that drafts for `head`, the native
     # head, which verifies every token; None: no drafting.
     drafter: str | None = None
+    # Whether the engine measures the prompt of a laddered request (False: its class stayed
+    # put on `head`, router.ladder_outcomes.stays_put, and the decode probes alone guard it).
+    measure_prompt: bool = True
 
     def to_record(self) -> dict[str, Any]:
         # An unpriceable head (a training cost not yet sunk, at λ = 0) is null in JSON.
@@ -39,7 +42,8 @@ class Decision:
         return {"at": self.at, "policy": self.policy, "version": self.version,
                 "inputs": dict(self.inputs), "costs": costs, "head": self.head,
                 "code": self.code, "reason": self.reason, "request": dict(self.request),
-                "ladder": list(self.ladder), "drafter": self.drafter}
+                "ladder": list(self.ladder), "drafter": self.drafter,
+                "measure_prompt": self.measure_prompt}
 
 
 class Policy(Protocol):

@@ -276,6 +276,11 @@ class RequestPlanner:
         bound = self.router.quality_bound
         ladder = (self.ladder(decision.ladder, bound)
                   if decision.ladder and bound is not None else None)
+        if ladder is not None:
+            self.metrics.prompt_measurements.labels(
+                decision.head, "yes" if decision.measure_prompt else "skipped").inc()
+            if not decision.measure_prompt:
+                ladder = dataclasses.replace(ladder, positions=0)
         template = GenerationRequest(request_id, decision.head, (), max_tokens,
                                      RowParams(body.temperature, body.top_p, body.top_k,
                                                base_seed), frozenset(), logprobs,

@@ -182,6 +182,12 @@ class Metrics:
             ["head"], buckets=(0.0, 0.01, 0.02, 0.03, 0.05, 0.08, 0.12, 0.2, 0.5, 1.0),
             registry=r,
         )
+        self.prompt_measurements = Counter(
+            "polyhead_prompt_measurements",
+            "Laddered requests by start head and whether the engine measured their prompt "
+            "(skipped: their content class stayed put on that head)",
+            ["head", "measured"], registry=r,
+        )
         self.quality_excluded = Counter(
             "polyhead_quality_bound_exclusions",
             "Heads a request's predicted BPB penalty kept it off, by excluded head",

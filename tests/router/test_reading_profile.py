@@ -149,3 +149,27 @@ def test_a_measured_readings_probes_and_prompt_measurement_are_priced() -> None:
     timer = AnalyticTimer(CPU)
     assert prefill_s(probed, timer, 100) - prefill_s(READING, timer, 100) >= \
         262_144 * D * S / CPU.mem_bw
+
+
+def test_a_class_that_stays_put_starts_unmeasured_and_is_priced_without_it() -> None:
+    lifecycle = {"name": "lifecycle", "params": {"max_bpb_loss": 0.05}}
+    profiles = [dataclasses.replace(p, measure_rows=262_144.0) if p.reads else p
+                for p in LADDERED]
+    state = LiveState.for_profiles(profiles)
+    router = Router(profiles, CPU, state, lifecycle, measured_readings=True)
+    prose = _features(240)
+    first = router.decide(prose)
+    assert first.head == "32k+groups" and first.measure_prompt, first.reason
+    penalty = first.request["heads"]["32k+groups"]["bpb_penalty"]
+    state.ladders.add("32k+groups", "latin", penalty, {"32k+groups": 1500})
+    assert router.decide(prose).measure_prompt  # 1500 bytes: too little evidence yet
+    state.ladders.add("32k+groups", "latin", penalty, {"32k+groups": 1500})
+    unmeasured = router.decide(prose)
+    assert unmeasured.head == "32k+groups" and not unmeasured.measure_prompt
+    assert unmeasured.to_record()["measure_prompt"] is False
+    assert unmeasured.costs["32k+groups"] < first.costs["32k+groups"]  # no measurement
+    # Another class of the same script has no evidence of its own: still measured
+    assert router.decide(_features(205)).measure_prompt
+    # Once this class's requests move up, it is measured again
+    state.ladders.add("32k+groups", "latin", penalty, {"32k+groups": 100, "262k": 400})
+    assert router.decide(prose).measure_prompt

@@ -208,3 +208,12 @@ def test_a_prefill_timing_counts_the_tokens_computed_and_the_positions_measured(
     cached = len(PROMPT) // block * block  # the first prompt's full blocks
     assert (head, computed, measured) == (NATIVE, len(PROMPT) + 3 - cached, 0)
     assert decodes and all(t.prompts == () for t in decodes)
+
+
+def test_a_ladder_of_no_positions_starts_on_its_first_rung_unmeasured(
+        model: MultiHeadModel, readings: list[GroupedReading]) -> None:
+    # A zero bound would move any measured prompt off the reading (as the test above shows)
+    [events] = _serve(model, readings, _req("a", readings[0].name, PROMPT, 4,
+                                            _ladder(readings, 0.0, positions=0)))
+    assert not events[0].prompt_losses and not any(e.moves for e in events)
+    assert {e.head for e in events} == {readings[0].name}
