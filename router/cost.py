@@ -280,6 +280,10 @@ class StepTimer(Protocol):
 
     def step_time(self, groups: Sequence[Group]) -> float: ...
 
+    # The model's time, smooth across shapes (a calibrated timer's step_time returns a
+    # measured shape's own noisy average): marginal costs scale its differences.
+    def model_time(self, groups: Sequence[Group]) -> float: ...
+
     def prefill_time(self, head: HeadProfile, tokens: float, measured: int) -> float: ...
 
 
@@ -291,6 +295,9 @@ class AnalyticTimer:
 
     def step_time(self, groups: Sequence[Group]) -> float:
         return mixed_step_cost(groups, self.device, self.kernel_calibration).estimate_s
+
+    def model_time(self, groups: Sequence[Group]) -> float:
+        return self.step_time(groups)
 
     def prefill_time(self, head: HeadProfile, tokens: float, measured: int) -> float:
         return prefill_cost(head, self.device, tokens, measured).analytic_s
@@ -354,7 +361,17 @@ def marginal_step_s(head: HeadProfile, timer: StepTimer, live: Sequence[Group],
     `before`: the live mix's own step time, when the caller prices several heads against it."""
     if before is None:
         before = live_step_s(timer, live)
-    delta = timer.step_time(join(live, head, ctx_tokens)) - before
+    joined = join(live, head, ctx_tokens)
+    if live:
+        # The live mix's measured time, scaled by what the model says one more request of
+        # this head adds to it. Measured shapes are each a noisy average of their own: the
+        # difference of two priced a request that opens a second, larger head's group
+        # beside 14 on 131k as cheaper than joining them (measured on the demo at c = 16),
+        # and every step then read the larger head's rows.
+        model = timer.model_time(live)
+        delta = before * (timer.model_time(joined) / model - 1.0) if model > 0 else 0.0
+    else:
+        delta = timer.step_time(joined)
     # A calibrated timer's measured shapes are noisy; a request never costs less than its own
     # FLOPs at peak (2·(N + V·d) per token, plus attention over its context).
     d = timer.device

@@ -29,7 +29,7 @@ from typing import Protocol
 
 from kernels.crossover_calibration import CrossoverCalibration
 from kernels.devices import DeviceSpec
-from router.cost import Group, mixed_step_cost
+from router.cost import Group, StepCost, mixed_step_cost
 from router.nonneg_fit import fit_nonneg
 from router.prefill_time_fit import FittedPrefillTime, PrefillSample
 from router.profiles import HeadProfile
@@ -183,6 +183,20 @@ class FittedStepTimer:
             other, seconds = near
             ref = mixed_step_cost(other, self.device, self.kernel_calibration)
             return max(floor, seconds + cost.estimate_s - ref.estimate_s)
+        return self._modelled(cost, fit, floor)
+
+    def model_time(self, groups: Sequence[Group]) -> float:
+        """The fit's time for `groups` (the analytic midpoint before there is one), never
+        below the scaled floor, whether or not the shape was measured: smooth across shapes,
+        so the difference of two is a resource's cost and not two samples' noise."""
+        with self._lock:
+            self._refit()
+            fit, scale = self._fit, self._floor_scale
+        cost = mixed_step_cost(groups, self.device, self.kernel_calibration)
+        return self._modelled(cost, fit, scale * cost.optimistic_s)
+
+    @staticmethod
+    def _modelled(cost: StepCost, fit: StepTimeFit | None, floor: float) -> float:
         if fit is None:
             return cost.estimate_s
         fitted = fit.overhead_s + fit.mem_scale * cost.memory_s + fit.cmp_scale * cost.compute_s

@@ -101,3 +101,24 @@ def test_one_slow_step_does_not_price_a_head_out() -> None:
     timer.record(StepSample(((h, 1, 5.0),), 1.0))  # a pause on a measured shape
     assert timer.step_time([Group(profiles[0], 1, 5.0)]) == pytest.approx(0.8 * 0.010
                                                                             + 0.2 * 0.020)
+
+
+def test_a_marginal_cost_scales_the_models_difference_not_two_noisy_samples() -> None:
+    from router.cost import marginal_step_s
+    profiles = heads()
+    small, large = profiles[1], profiles[2]
+    timer = FittedStepTimer(DEV, profiles)
+    for h in profiles:  # a fit from clean samples
+        for b in (1, 2, 8, 32):
+            g = [Group(h, b, 500.0)]
+            timer.record(StepSample(((h.name, b, 500.0),), _true_time(g)))
+    live = [Group(small, 14, 500.0)]
+    timer.record(StepSample(((small.name, 14, 500.0),), _true_time(live)))
+    # one slow sample of the joined shape: 1.8x its time
+    timer.record(StepSample(((small.name, 15, 500.0),), 1.8 * _true_time([Group(small, 15,
+                                                                                 500.0)])))
+    before = timer.step_time(live)
+    join_small = marginal_step_s(small, timer, live, 500.0, before)
+    open_large = marginal_step_s(large, timer, live, 500.0, before)
+    assert join_small < 0.1 * before  # not the 0.8x the two samples differ by
+    assert open_large > 5 * join_small  # a second head's group adds its whole read
